@@ -1,0 +1,44 @@
+"""kvguard: AddressSanitizer for the paged KV caches of LLM inference engines.
+
+Guard a block allocator and every misuse of its ids (a double free, a duplicated id, a bool or a
+tensor passed as ids, a drained generator, a block handed to two owners) fails at the faulty
+call with an ASan-style report, instead of silently handing one KV block to two requests.
+
+    import kvguard
+    g = kvguard.guard(allocator)          # in place; the same object keeps working
+    allocator.free([0, 0, 1])             # kvguard.DuplicateIdError (a ValueError), nothing freed
+
+This module imports only the standard library: torch and numpy are read only when the guarded
+code itself passes them, and the pytest/flake8 faces live in their own packages.
+"""
+
+from . import kinds
+from .errors import (
+    BadFreeError, BoolIdError, ConsumedIterableError, DoubleFreeError, DuplicateIdError,
+    ForeignIdError, InconsistentError, InvalidIdError, KVGuardError, LeakError, SharedBlockError,
+    StaleTableError, TensorIdError, WriteAfterFreeError,
+)
+from .guard import Guard, Stats, guard, guard_of, guards, subscribe
+from .ledger import LiveBlock, current_owner, owner
+from .registry import instrument, instrumented, register, registered, uninstrument, unregister
+from .report import Violation
+from .spec import AllocatorSpec
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AllocatorSpec", "BadFreeError", "BoolIdError", "ConsumedIterableError", "DoubleFreeError",
+    "DuplicateIdError", "ForeignIdError", "Guard", "InconsistentError", "InvalidIdError",
+    "KVGuardError", "LeakError", "LiveBlock", "SharedBlockError", "StaleTableError", "Stats",
+    "TensorIdError", "Violation", "WriteAfterFreeError", "current_owner", "guard", "guard_cache",
+    "guard_of", "guards", "instrument", "instrumented", "kinds", "owner", "register",
+    "registered", "subscribe", "uninstrument", "unregister",
+]
+
+
+def __getattr__(name):
+    # guard_cache lives with the tensor code; importing it here would cost every user.
+    if name == "guard_cache":
+        from .cache import guard_cache
+        return guard_cache
+    raise AttributeError(f"module 'kvguard' has no attribute {name!r}")

@@ -1,0 +1,71 @@
+"""``kvguard`` / ``python -m kvguard``: one dispatcher, each command in the module that owns it.
+
+Commands are imported only when run, so ``kvguard lint`` never imports torch and ``kvguard demo``
+never imports libcst. Mistakes on the command line print one line and exit 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = {
+    "demo": ("kvguard.cli", "demo_command", "replay the DeepSpeed seed bug unguarded, then guarded"),
+    "lint": ("flake8_kvguard.cli", "main", "static checks (KVG rules) over Python files"),
+}
+
+
+class UsageError(Exception):
+    """A command-line mistake: reported as one line, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a mistake is one line on stderr rather than usage text plus a line."""
+
+    def error(self, message):
+        raise UsageError(f"{self.prog}: error: {message}")
+
+
+def demo_command(argv) -> int:
+    parser = Parser(prog="kvguard demo", description=COMMANDS["demo"][2])
+    parser.add_argument("--short", action="store_true", help="print SUMMARY lines, not reports")
+    args = parser.parse_args(argv)
+    from .demo import run
+    run(sys.stdout, full_reports=not args.short)
+    return 0
+
+
+def _usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = ["usage: kvguard COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {help_}" for name, (_, _, help_) in COMMANDS.items()]
+    lines += ["", "kvguard COMMAND --help shows a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        from . import __version__
+        print(f"kvguard {__version__}")
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"kvguard: error: unknown command {name!r} (commands: {', '.join(COMMANDS)})",
+              file=sys.stderr)
+        return 2
+    module, function, _ = COMMANDS[name]
+    try:
+        handler = getattr(importlib.import_module(module), function)
+        return int(handler(rest) or 0)
+    except UsageError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 1

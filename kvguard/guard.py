@@ -1,0 +1,948 @@
+"""The guard: instruments one allocator in place and checks every call against its ledger.
+
+The allocator object keeps working for its callers (``isinstance`` unchanged): its methods are
+shadowed by instance attributes that check, forward and record under one lock, so two threads
+freeing the same block cannot both pass. The hot path (a list of plain ints, all live) does one
+set(), one loop over the ledger's refcount column and one site capture; anything unusual takes
+the slow path, which reads the ids exactly and names every fault.
+
+``on_violation``: ``raise`` rejects a bad call before the allocator sees it; ``log`` records and
+forwards the call untouched, and nothing the guard does, its own bugs included, raises into the
+caller; ``repair`` records and forwards a sanitized call (plain ints, each once, only live ids).
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+import logging
+import threading
+import weakref
+from collections import Counter, deque
+
+from . import kinds
+from .errors import KVGuardError, error_for
+from .ids import Fault, fast_ids, normalize, result_ids, torch_tensor_type
+from .ledger import OWNERS, Ledger, _current_owner, current_owner
+from .report import BlockHistory, Operation, Violation
+from .spec import DEFAULT_SPEC, AllocatorSpec, per_pool, read
+from .stacks import DEPTH, SITES, raw_stack
+
+logger = logging.getLogger("kvguard")
+
+MODES = ("raise", "log", "repair")
+_MISSING = object()
+_ATTR = "__kvguard__"
+_GUARDS: "weakref.WeakSet[Guard]" = weakref.WeakSet()
+_subscribers: list = []
+_serials: Counter = Counter()
+_capture = SITES.capture
+
+VIOLATION_STACK_DEPTH = {"off": 1, "cheap": 24, "full": 128}
+"""Frames kept for the stack of the call that broke a rule: rare, so richer than hot-path sites."""
+
+
+def subscribe(callback):
+    """Call ``callback(guard, violation)`` for every violation of every guard; returns an
+    unsubscribe function. The pytest plugin and the staging sink listen here."""
+    _subscribers.append(callback)
+
+    def unsubscribe() -> None:
+        if callback in _subscribers:
+            _subscribers.remove(callback)
+    return unsubscribe
+
+
+def guards() -> list:
+    """Every guard alive in this process."""
+    return list(_GUARDS)
+
+
+def guard_of(allocator):
+    """The guard instrumenting ``allocator``, or None."""
+    try:
+        return vars(allocator).get(_ATTR)
+    except TypeError:
+        return None
+
+
+class Stats:
+    """Counters a guard keeps; ``to_dict()`` is what summaries and JSON reports show."""
+
+    __slots__ = ("alloc_calls", "free_calls", "share_calls", "blocks_allocated", "blocks_freed",
+                 "blocks_shared", "learned", "internal_errors", "violations")
+
+    def __init__(self) -> None:
+        self.alloc_calls = self.free_calls = self.share_calls = 0
+        self.blocks_allocated = self.blocks_freed = self.blocks_shared = 0
+        self.learned = self.internal_errors = 0
+        self.violations: Counter = Counter()
+
+    def to_dict(self) -> dict:
+        d = {name: getattr(self, name) for name in self.__slots__ if name != "violations"}
+        d["violations"] = dict(self.violations)
+        return d
+
+    def __repr__(self) -> str:
+        return f"Stats({self.to_dict()})"
+
+
+class _Param:
+    """Where one argument of a method is: by position (after self) and/or by name."""
+
+    __slots__ = ("pos", "name", "default")
+
+    def __init__(self, method, where) -> None:
+        self.pos = self.name = None
+        self.default = _MISSING
+        try:
+            params = [p for p in inspect.signature(method).parameters.values()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        except (TypeError, ValueError):
+            params = []
+        if isinstance(where, int):
+            self.pos = where
+            if where < len(params) and params[where].kind != params[where].KEYWORD_ONLY:
+                self.name = params[where].name
+                self.default = params[where].default
+                if self.default is inspect.Parameter.empty:
+                    self.default = _MISSING
+            return
+        self.name = where
+        for n, p in enumerate(params):
+            if p.name == where:
+                if p.kind != p.KEYWORD_ONLY:
+                    self.pos = n
+                if p.default is not inspect.Parameter.empty:
+                    self.default = p.default
+                break
+
+    def get(self, args, kwargs):
+        pos = self.pos
+        if pos is not None and len(args) > pos:
+            return args[pos]
+        if self.name is not None:
+            return kwargs.get(self.name, self.default)
+        return self.default
+
+    def put(self, args, kwargs, value):
+        pos = self.pos
+        if pos is not None and len(args) > pos:
+            args = args[:pos] + (value,) + args[pos + 1:]
+        else:
+            kwargs = dict(kwargs)
+            kwargs[self.name] = value
+        return args, kwargs
+
+
+class Guard:
+    """One guarded allocator. Created by ``kvguard.guard()``; see the module docstring."""
+
+    def __init__(self, allocator, spec: AllocatorSpec, *, on_violation: str = "raise",
+                 stacks: str = "cheap", name: str | None = None, history: int = 32,
+                 max_violations: int = 10_000, learn: bool | None = None,
+                 log_every: int = 100) -> None:
+        if on_violation not in MODES:
+            raise ValueError(f"on_violation must be one of {', '.join(MODES)}, "
+                             f"not {on_violation!r}")
+        if stacks not in DEPTH:
+            raise ValueError(f"stacks must be one of {', '.join(DEPTH)}, not {stacks!r}")
+        if not isinstance(spec, AllocatorSpec):
+            raise TypeError(f"spec must be a kvguard.AllocatorSpec, not {type(spec).__name__}")
+        self.spec = spec
+        self.mode = on_violation
+        self.stacks = stacks
+        self._depth = DEPTH[stacks]
+        cls = type(allocator)
+        self.allocator_class = f"{cls.__module__}.{cls.__qualname__}"
+        _serials[cls] += 1
+        self.name = name or f"{cls.__qualname__}#{_serials[cls]}"
+        self.address = hex(id(allocator))
+        try:
+            self._allocator = weakref.ref(allocator)
+        except TypeError:
+            self._allocator = lambda allocator=allocator: allocator
+        self._lock = threading.RLock()
+        self._busy = False
+        self.stats = Stats()
+        self._violations: deque = deque(maxlen=max_violations)
+        self.history: deque = deque(maxlen=history) if history else None
+        self._log_every = max(1, log_every)
+        self._logged: Counter = Counter()
+        self._watchers: list = []
+        self._slow_only = False
+        """Every call takes the slow path: watchers (cache poisoning) or a quarantine need it."""
+        self._tensor_like = None
+        self._quarantine: dict = {}
+        self.quarantine_size = 0
+        self._ledgers: dict = {}
+        self._originals: dict = {}
+        self._params: dict = {}
+        self._baseline = None
+        self._learn = learn
+        self._attach(allocator)
+
+    # --- attaching ---------------------------------------------------------------------------
+
+    @property
+    def allocator(self):
+        return self._allocator()
+
+    def _attach(self, allocator) -> None:
+        spec = self.spec
+        for method in spec.methods():
+            if not callable(getattr(allocator, method, None)):
+                raise TypeError(f"cannot guard {self.allocator_class}: it has no method "
+                                f"{method!r} (AllocatorSpec says {method!r})")
+        try:
+            own = vars(allocator)
+        except TypeError:
+            raise TypeError(f"cannot guard {self.allocator_class}: its instances have no "
+                            "__dict__ (__slots__), so methods cannot be shadowed") from None
+        free = getattr(allocator, spec.free)
+        self._free_param = _Param(free, spec.free_arg)
+        if self._free_param.pos is None and self._free_param.name is None:
+            raise TypeError(f"cannot guard {self.allocator_class}: {spec.free}() has no "
+                            f"parameter {spec.free_arg!r}")
+        self._share_param = _Param(getattr(allocator, spec.share), 0) if spec.share else None
+        self._pool_params = {
+            m: _Param(getattr(allocator, m), spec.pool_arg) for m in spec.methods()
+        } if spec.pool_arg is not None else {}
+        self._seed(allocator)
+        wrappers = {spec.free: self._wrap_free(free)}
+        if spec.alloc:
+            wrappers[spec.alloc] = self._wrap_alloc(getattr(allocator, spec.alloc))
+        if spec.share:
+            wrappers[spec.share] = self._wrap_share(getattr(allocator, spec.share))
+        for method, wrapper in wrappers.items():
+            self._originals[method] = own.get(method, _MISSING)
+            own[method] = wrapper
+        own[_ATTR] = self
+        _GUARDS.add(self)
+
+    def _seed(self, allocator) -> None:
+        """Start from the allocator's present state: its free count, and live ids if known."""
+        spec = self.spec
+        self._baseline = self._free_count(allocator)
+        live = read(allocator, spec.live_ids) if spec.live_ids is not None else None
+        if live is not None:
+            pools = live.items() if isinstance(live, dict) else [(self._default_pool(), live)]
+            for pool, ids in pools:
+                self.ledger(pool).adopt(result_ids(ids, spec.id_attr, spec.skip).ids)
+            self._learn = False if self._learn is None else self._learn
+            return
+        if self._learn is None:
+            self._learn = self._blocks_out(allocator)
+        for ledger in self._ledgers.values():
+            ledger.learn = self._learn
+
+    def _blocks_out(self, allocator) -> bool:
+        """Whether the allocator had blocks handed out before the guard came."""
+        if self._baseline is None or self.spec.size is None:
+            return False
+        try:
+            size = read(allocator, self.spec.size)
+        except Exception:
+            return False
+        if isinstance(self._baseline, dict):
+            return any(per_pool(size, p) is not None and c < per_pool(size, p)
+                       for p, c in self._baseline.items())
+        return isinstance(size, int) and self._baseline < size
+
+    def _default_pool(self):
+        if self.spec.pool_arg is None:
+            return None
+        param = self._pool_params[self.spec.free]
+        return None if param.default is _MISSING else param.default
+
+    def ledger(self, pool=None) -> Ledger:
+        """The ledger of one sub-pool (``pool_arg``), created on first use."""
+        try:
+            return self._ledgers[pool]
+        except KeyError:
+            pass
+        size = None
+        if self.spec.size is not None:
+            allocator = self.allocator
+            try:
+                size = per_pool(read(allocator, self.spec.size), pool)
+                size = int(size) if size is not None else None
+            except Exception:
+                size = None
+        ledger = self._ledgers[pool] = Ledger(size, pool, learn=bool(self._learn))
+        return ledger
+
+    def unguard(self) -> None:
+        """Restore the original methods; blocks held in quarantine go back to the allocator."""
+        with self._lock:
+            allocator = self.allocator
+            if allocator is None:
+                return
+            self.release_quarantine()
+            own = vars(allocator)
+            for method, original in self._originals.items():
+                if original is _MISSING:
+                    own.pop(method, None)
+                else:
+                    own[method] = original
+            self._originals.clear()
+            if own.get(_ATTR) is self:
+                del own[_ATTR]
+            for watcher in self._watchers:
+                getattr(watcher, "detach", lambda: None)()
+            self._watchers.clear()
+            _GUARDS.discard(self)
+
+    def _original(self, allocator, method):
+        """The method as it was before the guard shadowed it."""
+        own = self._originals.get(method, _MISSING)
+        if own is not _MISSING:
+            return own
+        return getattr(type(allocator), method).__get__(allocator)
+
+    @property
+    def guarded(self) -> bool:
+        return bool(self._originals)
+
+    # --- the wrappers ------------------------------------------------------------------------
+
+    def _wrap_free(self, original):
+        guard = self
+        lock = self._lock
+        param = self._free_param
+        pos, name, default = param.pos, param.name, param.default
+        simple = (self.spec.pool_arg is None and self.spec.id_attr is None
+                  and self.spec.skip is None)
+        ledger = self.ledger(None) if simple else None
+        stats = self.stats
+        capture = _capture
+
+        def free(*args, **kwargs):
+            with lock:
+                if guard._busy:
+                    return original(*args, **kwargs)
+                if pos is not None and len(args) > pos:
+                    value = args[pos]
+                elif name is not None:
+                    value = kwargs.get(name, default)
+                else:
+                    value = default
+                ids = fast_ids(value) if simple else None
+                if ids is not None:
+                    ref = ledger.ref
+                    size = len(ref)
+                    ok = len(ids) < 2 or len(set(ids)) == len(ids)
+                    if ok:
+                        for b in ids:
+                            if b < 0 or b >= size or ref[b] <= 0:
+                                ok = False
+                                break
+                    if ok and not guard._slow_only:
+                        site = capture(1, guard._depth)
+                        guard._busy = True
+                        try:
+                            result = original(*args, **kwargs)
+                        finally:
+                            guard._busy = False
+                        stats.free_calls += 1
+                        stats.blocks_freed += ledger.release(ids, site)
+                        if guard.history is not None:
+                            guard.history.append(("free", None, tuple(ids), site))
+                        return result
+                return guard._free_slow(original, args, kwargs, value)
+
+        free.__wrapped__ = original
+        free.__kvguard__ = self
+        return free
+
+    def _wrap_alloc(self, original):
+        guard = self
+        lock = self._lock
+        simple = (self.spec.pool_arg is None and self.spec.id_attr is None
+                  and self.spec.skip is None)
+        ledger = self.ledger(None) if simple else None
+        stats = self.stats
+        capture = _capture
+
+        def allocate(*args, **kwargs):
+            with lock:
+                if guard._busy:
+                    return original(*args, **kwargs)
+                guard._busy = True
+                try:
+                    result = original(*args, **kwargs)
+                finally:
+                    guard._busy = False
+                ids = fast_ids(result) if simple else None
+                if ids is not None and not guard._slow_only:
+                    ref = ledger.ref
+                    size = len(ref)
+                    ok = len(ids) < 2 or len(set(ids)) == len(ids)
+                    if ok:
+                        for b in ids:
+                            if b < 0 or b >= size or ref[b] != 0:
+                                ok = False
+                                break
+                    if ok:
+                        site = capture(1, guard._depth)
+                        ledger.allocate(ids, site)
+                        stats.alloc_calls += 1
+                        stats.blocks_allocated += len(ids)
+                        if guard.history is not None:
+                            guard.history.append(("allocate", None, tuple(ids), site))
+                        return result
+                site = capture(1, guard._depth)
+                guard._protect(guard._after_alloc, args, kwargs, result, site)
+                return result
+
+        allocate.__wrapped__ = original
+        allocate.__kvguard__ = self
+        return allocate
+
+    def _wrap_share(self, original):
+        guard = self
+        lock = self._lock
+
+        def share(*args, **kwargs):
+            with lock:
+                if guard._busy:
+                    return original(*args, **kwargs)
+                return guard._share_slow(original, args, kwargs)
+
+        share.__wrapped__ = original
+        share.__kvguard__ = self
+        return share
+
+    # --- slow paths --------------------------------------------------------------------------
+
+    def _protect(self, step, *args):
+        """Run a guard step; in log/repair mode a bug in the guard never reaches the caller."""
+        if self.mode == "raise":
+            return step(*args)
+        try:
+            return step(*args)
+        except KVGuardError:
+            raise
+        except Exception as exc:
+            self._internal_error(exc)
+            return None
+
+    def _internal_error(self, exc: BaseException) -> None:
+        self.stats.internal_errors += 1
+        if self.stats.internal_errors == 1:
+            logger.error("kvguard: internal error in the guard of %s, call forwarded unchecked "
+                         "(logged once per guard): %r", self.name, exc, exc_info=exc)
+
+    def _pool(self, method: str, args, kwargs):
+        param = self._pool_params.get(method)
+        if param is None:
+            return None
+        value = param.get(args, kwargs)
+        return None if value is _MISSING else _pool_key(value)
+
+    def _free_slow(self, original, args, kwargs, value):
+        site = _capture(2, self._depth)
+        try:
+            plan = self._plan_release(self.spec.free, args, kwargs, value, "free()", site)
+        except Exception as exc:
+            if self.mode == "raise":
+                raise
+            self._internal_error(exc)
+            return original(*args, **kwargs)
+        args, kwargs, forward = self._protect(self._route_free, plan, args, kwargs) or (
+            args, kwargs, True)
+        if not forward:
+            result = None
+        else:
+            self._busy = True
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                self._busy = False
+        self._protect(self._commit_release, plan)
+        return result
+
+    def _plan_release(self, method, args, kwargs, value, what, site):
+        """Read and check the ids of a free()/share() call; record violations; raise in raise
+        mode. Returns the plan the call is forwarded and committed by."""
+        spec = self.spec
+        pool = self._pool(method, args, kwargs)
+        ledger = self.ledger(pool)
+        consume = spec.iterator_ok or self.mode == "repair"
+        norm = normalize(value, tensor_ok=spec.tensor_ok, id_attr=spec.id_attr, skip=spec.skip,
+                         consume=consume, what=what)
+        faults = list(norm.faults)
+        ids = norm.ids
+        unique = list(dict.fromkeys(ids))
+        if len(unique) != len(ids):
+            counts = Counter(ids)
+            dups = tuple(b for b in unique if counts[b] > 1)
+            shown = ", ".join(f"{b} x{counts[b]}" for b in dups[:8])
+            faults.append(Fault(kinds.DUPLICATE_ID, (
+                f"{what} got the same block id more than once in one call ({shown}): each copy "
+                "would go back on the free list and the block would be handed to two owners; "
+                "de-duplicate the ids (were two sources concatenated?)"), dups))
+        is_share = method == spec.share
+        good, learned, foreign, double, out_of_range = [], [], [], [], []
+        ref, gen = ledger.ref, ledger.gen
+        for b in unique:
+            if not ledger.in_range(b):
+                out_of_range.append(b)
+            elif b >= len(ref) or gen[b] == 0:
+                (learned if ledger.learn and not is_share else foreign).append(b)
+            elif ref[b] <= 0 and not is_share:
+                double.append(b)
+            else:
+                good.append(b)
+        if out_of_range:
+            faults.append(Fault(kinds.INVALID_ID, (
+                f"{what} got block id {out_of_range[0]}, outside the pool [0, {ledger.size})"
+                + _more(out_of_range)), tuple(out_of_range)))
+        if foreign:
+            faults.append(Fault(kinds.FOREIGN_ID, (
+                f"{what} got block id {foreign[0]}, which this allocator never handed out"
+                + _more(foreign) + "; was it allocated from another pool or allocator?"),
+                tuple(foreign)))
+        if double:
+            faults.append(Fault(kinds.DOUBLE_FREE, (
+                f"{what} got block id {double[0]}, which is already free" + _more(double)
+                + ": a second free puts it on the free list twice, and two requests will share "
+                "it; free each block once, and forget ids after freeing them"), tuple(double)))
+        plan = _Plan(method, pool, ledger, norm, good, learned, site)
+        if faults:
+            faults.sort(key=lambda f: kinds.PRECEDENCE[f.kind])
+            ledger_ids = [b for f in faults for b in f.block_ids]
+            violations = [self._violation(f.kind, f.block_ids, f.message, method, pool, ledger,
+                                          ledger_ids)
+                          for f in faults]
+            for v in violations[1:]:
+                violations[0].extra.setdefault("also", []).append(v.headline())
+            for v in violations:
+                self._record(v)
+            plan.faulty = True
+            if self.mode == "raise":
+                raise error_for(violations[0])
+        return plan
+
+    def _route_free(self, plan, args, kwargs):
+        """Decide what the allocator receives: the call itself, a repaired one, or the ids
+        leaving quarantine. Returns ``(args, kwargs, forward)``."""
+        ids = plan.good + plan.learned
+        if self.quarantine_size and not self.spec.refcounted:
+            released = self._enter_quarantine(plan.pool, ids, plan)
+            if not released and not plan.norm.passthrough:
+                return args, kwargs, False
+            return (*self._free_param.put(args, kwargs, self._forward_value(plan, released)),
+                    True)
+        if plan.faulty and self.mode == "repair" or plan.norm.consumed:
+            if plan.faulty and self.mode == "repair":
+                value = self._forward_value(plan, ids)
+                if not ids and not plan.norm.passthrough:
+                    return args, kwargs, False
+            else:
+                value = plan.norm.materialized
+            return (*self._free_param.put(args, kwargs, value), True)
+        return args, kwargs, True
+
+    def _forward_value(self, plan, ids):
+        """Ids as the allocator takes them: its objects, a tensor like the caller's, or ints."""
+        norm = plan.norm
+        if norm.objects is not None:
+            first = {}
+            for b, obj in zip(norm.ids, norm.objects):
+                first.setdefault(b, obj)
+            held = plan.held_objects
+            return [first[b] if b in first else held[b] for b in ids] + norm.passthrough
+        if norm.tensor is not None and self.spec.tensor_ok:
+            torch = __import__("torch")
+            return torch.tensor(ids, dtype=norm.tensor.dtype, device=norm.tensor.device)
+        return list(ids)
+
+    def _commit_release(self, plan) -> None:
+        ledger = plan.ledger
+        if plan.learned:
+            ledger.adopt(plan.learned)
+            self.stats.learned += len(plan.learned)
+        ids = plan.good + plan.learned
+        site = plan.site
+        stats = self.stats
+        if plan.method == self.spec.share:
+            ledger.share(ids, site)
+            stats.share_calls += 1
+            stats.blocks_shared += len(ids)
+            op = "share"
+        else:
+            if self.spec.refcounted:
+                ref = ledger.ref
+                dropping = [b for b in ids if ref[b] == 1]
+            else:
+                dropping = ids
+            stats.blocks_freed += ledger.release(ids, site)
+            stats.free_calls += 1
+            op = "free"
+            for watcher in self._watchers:
+                watcher.on_free(self, plan.pool, dropping)
+        if self.history is not None:
+            self.history.append((op, plan.pool, tuple(ids), site))
+
+    def _share_slow(self, original, args, kwargs):
+        value = self._share_param.get(args, kwargs)
+        site = _capture(2, self._depth)
+        try:
+            plan = self._plan_release(self.spec.share, args, kwargs, value, f"{self.spec.share}()",
+                                      site)
+        except Exception as exc:
+            if self.mode == "raise":
+                raise
+            self._internal_error(exc)
+            return original(*args, **kwargs)
+        if plan.norm.consumed:
+            args, kwargs = self._share_param.put(args, kwargs, plan.norm.materialized)
+        self._busy = True
+        try:
+            result = original(*args, **kwargs)
+        finally:
+            self._busy = False
+        self._protect(self._commit_release, plan)
+        return result
+
+    def _after_alloc(self, args, kwargs, result, site) -> None:
+        spec = self.spec
+        method = spec.alloc
+        pool = self._pool(method, args, kwargs)
+        ledger = self.ledger(pool)
+        norm = result_ids(result, spec.id_attr, spec.skip)
+        faults = list(norm.faults)
+        ids = norm.ids
+        fresh, shared, bad = [], [], []
+        seen = set()
+        for b in ids:
+            if b in seen:
+                shared.append(b)
+                continue
+            seen.add(b)
+            if not ledger.in_range(b) or not ledger.grow(b + 1):
+                bad.append(b)
+            elif ledger.ref[b] > 0:
+                shared.append(b)
+            else:
+                fresh.append(b)
+        if bad:
+            faults.append(Fault(kinds.INVALID_ID, (
+                f"{method}() handed out block id {bad[0]}, outside the pool [0, {ledger.size})"
+                + _more(bad) + ": the allocator's free list is corrupt"), tuple(bad)))
+        if shared:
+            faults.append(Fault(kinds.SHARED_BLOCK, (
+                f"{method}() handed out block {shared[0]}" + _more(shared)
+                + " while it is still live: two owners now share one KV block and overwrite "
+                "each other's attention state; the allocator's free list is corrupt (a "
+                "duplicate or double free earlier?)"), tuple(shared)))
+        violations = []
+        for fault in sorted(faults, key=lambda f: kinds.PRECEDENCE[f.kind]):
+            violations.append(self._violation(fault.kind, fault.block_ids, fault.message, method,
+                                              pool, ledger, fault.block_ids))
+        ledger.allocate(fresh, site)
+        self.stats.alloc_calls += 1
+        self.stats.blocks_allocated += len(fresh)
+        if self.history is not None:
+            self.history.append(("allocate", pool, tuple(ids), site))
+        for watcher in self._watchers:
+            for kind, block_ids, message, extra in watcher.on_alloc(self, pool, fresh) or ():
+                v = self._violation(kind, block_ids, message, method, pool, ledger, block_ids)
+                v.extra.update(extra)
+                violations.append(v)
+        for v in violations:
+            self._record(v)
+        if violations and self.mode == "raise":
+            raise error_for(violations[0])
+
+    # --- quarantine --------------------------------------------------------------------------
+
+    def set_quarantine(self, blocks: int) -> None:
+        """Hold freed blocks back from the allocator until ``blocks`` more have been freed.
+
+        A stale reference then keeps pointing at poisoned, unused memory for longer, which is
+        the window in which a write-after-free is caught (AddressSanitizer's quarantine).
+        """
+        if isinstance(blocks, bool) or not isinstance(blocks, int) or blocks < 0:
+            raise ValueError(f"quarantine must be a block count >= 0, not {blocks!r}")
+        if blocks and self.spec.refcounted:
+            raise ValueError("quarantine needs a non-refcounted pool: a refcounted allocator "
+                             "must see every reference drop")
+        with self._lock:
+            self.quarantine_size = blocks
+            self._update_paths()
+            if not blocks:
+                self.release_quarantine()
+
+    def _update_paths(self) -> None:
+        self._slow_only = bool(self.quarantine_size or self._watchers)
+
+    def add_watcher(self, watcher) -> None:
+        """Attach a watcher (``on_free(guard, pool, ids)``, ``on_alloc(guard, pool, ids)`` ->
+        iterable of ``(kind, ids, message, extra)``): kvguard.cache poisons and verifies blocks
+        through this."""
+        with self._lock:
+            self._watchers.append(watcher)
+            self._update_paths()
+
+    def remove_watcher(self, watcher) -> None:
+        with self._lock:
+            if watcher in self._watchers:
+                self._watchers.remove(watcher)
+            self._update_paths()
+
+    def _enter_quarantine(self, pool, ids, plan) -> list:
+        fifo = self._quarantine.setdefault(pool, collections.OrderedDict())
+        norm = plan.norm
+        objects = dict(zip(norm.ids, norm.objects)) if norm.objects is not None else {}
+        if norm.tensor is not None:
+            self._tensor_like = norm.tensor
+        for b in ids:
+            fifo[b] = objects.get(b)
+        released = []
+        while len(fifo) > self.quarantine_size:
+            b, obj = fifo.popitem(last=False)
+            released.append(b)
+            plan.held_objects[b] = obj
+        return released
+
+    def held(self, pool=None) -> list:
+        """Ids freed by the caller but still held in quarantine."""
+        return list(self._quarantine.get(pool, ()))
+
+    def release_quarantine(self) -> None:
+        """Give every quarantined block back to the allocator now."""
+        with self._lock:
+            allocator = self.allocator
+            for pool, fifo in list(self._quarantine.items()):
+                if not fifo or allocator is None:
+                    continue
+                ids = list(fifo)
+                objects = list(fifo.values())
+                fifo.clear()
+                value = objects if self.spec.id_attr else ids
+                like = self._tensor_like
+                if like is not None and self.spec.tensor_ok:
+                    torch = __import__("torch")
+                    value = torch.tensor(ids, dtype=like.dtype, device=like.device)
+                args, kwargs = self._free_param.put((), {}, value)
+                pool_param = self._pool_params.get(self.spec.free)
+                if pool_param is not None and pool is not None:
+                    args, kwargs = pool_param.put(args, kwargs, pool)
+                self._busy = True
+                try:
+                    self._original(allocator, self.spec.free)(*args, **kwargs)
+                finally:
+                    self._busy = False
+
+    # --- violations --------------------------------------------------------------------------
+
+    def _violation(self, kind, block_ids, message, method, pool, ledger, detail_ids) -> Violation:
+        blocks = []
+        for b in list(dict.fromkeys(detail_ids))[:4]:
+            if 0 <= b < len(ledger.ref):
+                blocks.append(BlockHistory(
+                    b, ledger.gen[b], ledger.ref[b], OWNERS.labels[ledger.owner[b]],
+                    SITES.pairs(ledger.alloc_site[b]), SITES.pairs(ledger.free_site[b])))
+        history = [Operation(op, ids, SITES.pairs(site), p)
+                   for op, p, ids, site in (self.history or ())]
+        return Violation(
+            kind=kind, block_ids=tuple(block_ids), message=message,
+            allocator=self.allocator_class, allocator_name=self.name,
+            allocator_address=self.address, method=method, pool=pool,
+            call_stack=raw_stack(1, VIOLATION_STACK_DEPTH[self.stacks]), blocks=blocks,
+            owner=current_owner(), history=history,
+        )
+
+    def _record(self, violation: Violation) -> None:
+        self._violations.append(violation)
+        self.stats.violations[violation.kind] += 1
+        if self.mode != "raise":
+            self._log(violation)
+        for callback in list(_subscribers):
+            try:
+                callback(self, violation)
+            except Exception as exc:  # a listener's bug must not break the guarded call
+                self._internal_error(exc)
+
+    def _log(self, violation: Violation) -> None:
+        key = (violation.kind, violation.summary())
+        self._logged[key] += 1
+        n = self._logged[key]
+        if n == 1 or n % self._log_every == 0:
+            again = f" (occurrence {n})" if n > 1 else ""
+            logger.warning("%s%s", violation.render(), again)
+
+    def report(self, violation: Violation) -> None:
+        """Record a violation found by a helper outside the call paths (cache checks)."""
+        with self._lock:
+            self._record(violation)
+            if self.mode == "raise":
+                raise error_for(violation)
+
+    @property
+    def violations(self) -> list:
+        return list(self._violations)
+
+    # --- assertions you call -----------------------------------------------------------------
+
+    def _free_count(self, allocator):
+        how = self.spec.free_count
+        if how is None or allocator is None:
+            return None
+        value = read(allocator, how)
+        if isinstance(value, int):
+            return value
+        if isinstance(value, dict):
+            return {_pool_key(k): int(v) for k, v in value.items()}
+        if hasattr(value, "tolist"):
+            value = value.tolist()
+        if isinstance(value, (list, tuple)):
+            return {n: int(v) for n, v in enumerate(value)}
+        return int(value)
+
+    def check(self) -> dict:
+        """Compare the allocator's own free count with the ledger's; raises ``inconsistent``
+        (in every mode: it is an assertion) when they disagree. Returns the figures."""
+        with self._lock:
+            if self.spec.free_count is None:
+                raise ValueError(f"cannot check {self.name}: its AllocatorSpec has no "
+                                 "free_count to compare with")
+            now = self._free_count(self.allocator)
+            figures = {}
+            if isinstance(now, dict):
+                base = self._baseline if isinstance(self._baseline, dict) else {}
+                for pool, count in now.items():
+                    key = pool if self.spec.pool_arg is not None else None
+                    figures[pool] = self._compare(key, count - base.get(pool, count))
+            else:
+                total = sum(self._expected_delta(p) for p in self._ledgers)
+                figures[None] = (now - self._baseline, total)
+            bad = {p: f for p, f in figures.items() if f[0] != f[1]}
+            if bad:
+                pool, (theirs, ours) = next(iter(bad.items()))
+                ledger = self.ledger(pool if self.spec.pool_arg is not None else None)
+                v = self._violation(kinds.INCONSISTENT, (), (
+                    f"the allocator's free count changed by {theirs:+d} since the guard "
+                    f"attached, but the ledger saw {ours:+d}: the allocator is corrupt, or was "
+                    "called behind the guard's back"), "check", pool, ledger, ())
+                v.extra["allocator_free_delta"] = theirs
+                v.extra["ledger_free_delta"] = ours
+                self._record(v)
+                raise error_for(v)
+            return figures
+
+    def _compare(self, pool, their_delta):
+        return their_delta, self._expected_delta(pool)
+
+    def _expected_delta(self, pool) -> int:
+        ledger = self._ledgers.get(pool)
+        if ledger is None:
+            return 0
+        return ledger.free_delta - len(self._quarantine.get(pool, ()))
+
+    @property
+    def live(self) -> dict:
+        """Block id (or ``(pool, id)`` with sub-pools) -> record of each live block."""
+        with self._lock:
+            out = {}
+            for pool, ledger in self._ledgers.items():
+                for b in ledger.live_ids():
+                    out[b if self.spec.pool_arg is None else (pool, b)] = ledger.block(b)
+            return out
+
+    def assert_no_leaks(self, owner=_MISSING) -> None:
+        """Raise ``leak`` if blocks are still live (of ``owner`` only, when given)."""
+        with self._lock:
+            for pool, ledger in self._ledgers.items():
+                if owner is _MISSING:
+                    ids = ledger.live_ids()
+                else:
+                    ids = ledger.live_ids(owner, any_owner=False)
+                if ids:
+                    whose = "" if owner is _MISSING else f" owned by {owner!r}"
+                    v = self._violation(kinds.LEAK, ids, (
+                        f"{len(ids)} block(s){whose} are still live: free them when their "
+                        "sequence finishes, or they are lost to the pool"),
+                        "assert_no_leaks", pool, ledger, ids)
+                    self._record(v)
+                    raise error_for(v)
+
+    def check_tables(self, tables, pool=None) -> list:
+        """Check block tables against the ledger: ids that are not live are ``stale-table``; a
+        live block in more owners' tables than it has references is ``shared-block``.
+
+        ``tables``: a mapping owner -> ids, or a 2-D integer tensor with one row per sequence
+        and negative entries as padding (checked on its own device; see kvguard.tables).
+        """
+        from .tables import check_tables
+        with self._lock:
+            found = check_tables(self, tables, pool)
+            for v in found:
+                self._record(v)
+            if found and self.mode == "raise":
+                raise error_for(found[0])
+            return found
+
+    def __repr__(self) -> str:
+        return (f"<kvguard.Guard {self.name} of {self.allocator_class} mode={self.mode} "
+                f"stacks={self.stacks} violations={sum(self.stats.violations.values())}>")
+
+
+class _Plan:
+    """What a checked free()/share() call will do, between its check and its commit."""
+
+    __slots__ = ("method", "pool", "ledger", "norm", "good", "learned", "site", "faulty",
+                 "held_objects")
+
+    def __init__(self, method, pool, ledger, norm, good, learned, site) -> None:
+        self.site = site
+        self.method = method
+        self.pool = pool
+        self.ledger = ledger
+        self.norm = norm
+        self.good = good
+        self.learned = learned
+        self.faulty = False
+        self.held_objects: dict = {}
+
+
+def _more(ids) -> str:
+    return f" (and {len(ids) - 1} more: {list(ids[1:9])})" if len(ids) > 1 else ""
+
+
+def _pool_key(value):
+    """Sub-pool keys come as ints, 0-dim tensors or numpy ints: make them plain and hashable."""
+    if type(value) is int:
+        return value
+    Tensor = torch_tensor_type()
+    if Tensor is not None and isinstance(value, Tensor) and value.dim() == 0:
+        return value.item()
+    if hasattr(value, "__index__") and not isinstance(value, bool):
+        return int(value.__index__())
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value
+
+
+def guard(allocator, spec: AllocatorSpec | None = None, *, on_violation: str = "raise",
+          stacks: str = "cheap", name: str | None = None, **options) -> Guard:
+    """Instrument ``allocator`` in place and return its ``Guard``.
+
+    ``spec=None`` looks the allocator's class up among registered specs, then falls back to
+    methods named ``allocate``/``free``. Guarding an already guarded allocator returns its
+    guard unchanged (a second, different request is an error rather than a silent no-op).
+    """
+    existing = guard_of(allocator)
+    if existing is not None:
+        if spec is not None and spec != existing.spec:
+            raise ValueError(f"{existing.name} is already guarded with another spec; "
+                             "unguard() it first")
+        return existing
+    if spec is None:
+        from .registry import spec_for
+        spec = spec_for(type(allocator)) or DEFAULT_SPEC
+    return Guard(allocator, spec, on_violation=on_violation, stacks=stacks, name=name, **options)

@@ -1,0 +1,297 @@
+"""Block ids are normalized once, at the guard's edge, into a list of plain ints.
+
+Everything a caller may pass to ``free()`` is read here: ints, numpy integers, lists, tuples,
+ranges, sets, numpy arrays, 1-D integer torch tensors on any device, objects carrying the id in
+an attribute. What must not be coerced is reported instead: a bool is id 1 to ``operator.index``
+but a mask to tensor indexing; a tensor's elements hash by identity so ``set()`` and ``in``
+see no duplicates; a generator is consumed by the first validation loop.
+
+torch and numpy are never imported here: a value can only be a tensor if torch is loaded.
+"""
+
+from __future__ import annotations
+
+import operator
+import sys
+from dataclasses import dataclass, field
+
+from . import kinds
+
+_SEQUENCES = (list, tuple, range, set, frozenset)
+
+
+@dataclass
+class Fault:
+    """One thing wrong with the ids of a call, before the ledger is consulted."""
+
+    kind: str
+    message: str
+    block_ids: tuple = ()
+
+
+@dataclass
+class Normalized:
+    """The slow path's answer: ids plus what the fast path had no room for."""
+
+    ids: list
+    faults: list = field(default_factory=list)
+    objects: list | None = None
+    """With ``id_attr``: the object carrying each id in ``ids``, to forward a repaired call."""
+    passthrough: list = field(default_factory=list)
+    """Items ``skip`` let through unchecked (vLLM's null block): forwarded, never tracked."""
+    tensor: object = None
+    """The tensor the ids came from, to rebuild a repaired call in the same dtype and device."""
+    consumed: bool = False
+    """The ids came from a one-shot iterator the guard had to drain."""
+    materialized: list | None = None
+    """What the drained iterator yielded, to forward in its place."""
+
+
+def torch_tensor_type():
+    torch = sys.modules.get("torch")
+    return getattr(torch, "Tensor", None)
+
+
+def _numpy():
+    return sys.modules.get("numpy")
+
+
+def describe(value) -> str:
+    tp = type(value)
+    return tp.__name__ if tp.__module__ == "builtins" else f"{tp.__module__}.{tp.__qualname__}"
+
+
+def fast_ids(value):
+    """The hot path: a list or tuple of plain ints, returned as a list; None if not that simple."""
+    tp = type(value)
+    if tp is list or tp is tuple:
+        for x in value:
+            if type(x) is not int:
+                return None
+        return value[:] if tp is list else list(value)
+    if tp is int:
+        return [value]
+    return None
+
+
+def normalize(value, *, tensor_ok=False, id_attr=None, skip=None, consume=False,
+              what="free()") -> Normalized:
+    """Read ``value`` as block ids; never raises, reports faults instead.
+
+    ``consume``: drain a one-shot iterator (the allocator accepts one, or repair mode will forward
+    a list instead); otherwise it is left untouched and reported as ``consumed-iterable``.
+    """
+    out = Normalized([])
+    Tensor = torch_tensor_type()
+    np = _numpy()
+    if Tensor is not None and isinstance(value, Tensor):
+        _read_tensor(value, out, tensor_ok, what)
+        return out
+    if np is not None and isinstance(value, np.ndarray):
+        _read_ndarray(value, out, what)
+        return out
+    if isinstance(value, (str, bytes, bytearray, memoryview, dict)):
+        out.faults.append(Fault(kinds.INVALID_ID, f"{what} got {describe(value)} "
+                                f"{_short_repr(value)} where block ids belong"))
+        return out
+    if _is_single(value, id_attr, Tensor, np):
+        _read_items((value,), out, tensor_ok, id_attr, skip, what, Tensor, np)
+        return out
+    if not isinstance(value, _SEQUENCES):
+        try:
+            iterator = iter(value)
+        except TypeError:
+            out.faults.append(Fault(kinds.INVALID_ID, f"{what} got {describe(value)}, "
+                                    "which is neither a block id nor an iterable of them"))
+            return out
+        if iterator is value:
+            if not consume:
+                out.faults.append(Fault(kinds.CONSUMED_ITERABLE, (
+                    f"{what} got a one-shot {describe(value)}: the allocator's validation loop "
+                    "drains it and the freeing loop then sees nothing, so no block is freed; "
+                    "pass a list")))
+                return out
+            out.consumed = True
+        try:
+            value = list(iterator)
+        except Exception as exc:  # the caller's own iterable is broken; report, never raise
+            out.faults.append(Fault(kinds.INVALID_ID, f"iterating the ids raised {exc!r}"))
+            return out
+        if out.consumed:
+            out.materialized = value
+    _read_items(value, out, tensor_ok, id_attr, skip, what, Tensor, np)
+    return out
+
+
+def _is_single(value, id_attr, Tensor, np) -> bool:
+    if isinstance(value, (int, float)) or value is None:
+        return True
+    if np is not None and isinstance(value, np.generic):
+        return True
+    if id_attr is not None and hasattr(value, id_attr):
+        return True
+    return not hasattr(value, "__iter__") and hasattr(value, "__index__")
+
+
+def _short_repr(value, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _read_items(items, out, tensor_ok, id_attr, skip, what, Tensor, np) -> None:
+    ids = out.ids
+    objects = out.objects = [] if id_attr is not None else None
+    bools, tensors, invalid = [], [], []
+    for item in items:
+        if skip is not None and skip(item):
+            out.passthrough.append(item)
+            continue
+        raw = item
+        if id_attr is not None:
+            if isinstance(item, (list, tuple)):
+                _read_items(item, sub := Normalized([]), tensor_ok, id_attr, skip, what,
+                            Tensor, np)
+                ids += sub.ids
+                objects += sub.objects
+                out.passthrough += sub.passthrough
+                out.faults += sub.faults
+                continue
+            try:
+                raw = getattr(item, id_attr)
+            except AttributeError:
+                invalid.append((_short_repr(item), f"has no .{id_attr}"))
+                continue
+        tp = type(raw)
+        if tp is int:
+            value = raw
+        elif tp is bool or (np is not None and isinstance(raw, np.bool_)):
+            bools.append(raw)
+            continue
+        elif Tensor is not None and isinstance(raw, Tensor):
+            value = _tensor_element(raw, tensor_ok, bools, tensors, invalid)
+            if value is None:
+                continue
+        elif isinstance(raw, float):
+            invalid.append((repr(raw), "is a float"))
+            continue
+        else:
+            try:
+                value = operator.index(raw)
+            except TypeError:
+                invalid.append((_short_repr(raw), f"is a {describe(raw)}, not an integer"))
+                continue
+        if value < 0:
+            invalid.append((str(value), "is negative"))
+            continue
+        ids.append(value)
+        if objects is not None:
+            objects.append(item)
+    if tensors:
+        out.faults.append(Fault(kinds.TENSOR_ID, (
+            f"{what} got {len(tensors)} 0-dim tensor element(s) (from indexing or iterating a "
+            "tensor): they hash by identity, so duplicate checks see none; pass int(x) or "
+            "ids.tolist()"), tuple(tensors)))
+    if bools:
+        out.faults.append(Fault(kinds.BOOL_ID, (
+            f"{what} got bool {bools[0]!r} as a block id: operator.index() reads it as "
+            f"{int(bools[0])} but tensor indexing reads it as a mask over every block; "
+            "pass integer ids")))
+    if invalid:
+        text, why = invalid[0]
+        more = f" (and {len(invalid) - 1} more)" if len(invalid) > 1 else ""
+        out.faults.append(Fault(kinds.INVALID_ID, f"{what} got block id {text}, which {why}{more}",
+                                tuple(int(t) for t, _ in invalid if _is_int_text(t))))
+
+
+def _is_int_text(text: str) -> bool:
+    return text.lstrip("-").isdigit()
+
+
+def _tensor_element(t, tensor_ok, bools, tensors, invalid):
+    """A 0-dim tensor inside a list: its value, or None after noting what is wrong with it."""
+    if t.dim() != 0:
+        invalid.append((_short_repr(t), f"is a {t.dim()}-D tensor inside the ids"))
+        return None
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        invalid.append((repr(t.item()), f"is a {t.dtype} tensor element"))
+        return None
+    value = t.item()
+    if isinstance(value, bool):
+        bools.append(value)
+        return None
+    if not tensor_ok:
+        tensors.append(value)
+        return None
+    return value
+
+
+def _read_tensor(t, out, tensor_ok, what) -> None:
+    dtype = t.dtype
+    if dtype.is_floating_point or dtype.is_complex:
+        out.faults.append(Fault(kinds.INVALID_ID, f"{what} got a {dtype} tensor; block ids are "
+                                "integers"))
+        return
+    if t.dim() > 1:
+        out.faults.append(Fault(kinds.INVALID_ID, f"{what} got a {t.dim()}-D tensor of shape "
+                                f"{tuple(t.shape)}; block ids are 1-D"))
+        return
+    values = t.reshape(-1).tolist()
+    if dtype is _torch_bool():
+        ids = tuple(i for i, v in enumerate(values) if v)
+        out.faults.append(Fault(kinds.BOOL_ID, (
+            f"{what} got a bool tensor of {len(values)} elements: indexing with it selects by "
+            "mask, not by id; pass mask.nonzero().flatten() or the ids themselves"), ids))
+        return
+    negative = [v for v in values if v < 0]
+    if negative:
+        out.faults.append(Fault(kinds.INVALID_ID, f"{what} got negative block id {negative[0]}",
+                                tuple(negative)))
+        values = [v for v in values if v >= 0]
+    out.ids = values
+    out.tensor = t
+    if not tensor_ok:
+        kind = "0-dim tensor" if t.dim() == 0 else "torch.Tensor"
+        out.faults.append(Fault(kinds.TENSOR_ID, (
+            f"{what} got a {kind} ({dtype}, {t.device}): its elements hash by identity, so "
+            "set(), `in` and dict checks see no duplicates, and storing one keeps a view of the "
+            "caller's tensor; pass ids.tolist()"), tuple(values)))
+
+
+def _torch_bool():
+    return sys.modules["torch"].bool
+
+
+def _read_ndarray(a, out, what) -> None:
+    kind = a.dtype.kind
+    if a.ndim > 1:
+        out.faults.append(Fault(kinds.INVALID_ID, f"{what} got a {a.ndim}-D array of shape "
+                                f"{a.shape}; block ids are 1-D"))
+        return
+    values = a.reshape(-1).tolist()
+    if kind == "b":
+        out.faults.append(Fault(kinds.BOOL_ID, (
+            f"{what} got a bool array: it selects by mask, not by id; pass "
+            "np.flatnonzero(mask) or the ids themselves"), tuple(i for i, v in enumerate(values)
+                                                              if v)))
+        return
+    if kind not in "iu":
+        out.faults.append(Fault(kinds.INVALID_ID, f"{what} got a {a.dtype} array; block ids are "
+                                "integers"))
+        return
+    negative = [v for v in values if v < 0]
+    if negative:
+        out.faults.append(Fault(kinds.INVALID_ID, f"{what} got negative block id {negative[0]}",
+                                tuple(negative)))
+        values = [v for v in values if v >= 0]
+    out.ids = values
+
+
+def result_ids(value, id_attr=None, skip=None) -> Normalized:
+    """Ids in an allocation's result: tensors are expected here (DeepSpeed returns int32)."""
+    if value is None:
+        return Normalized([])
+    fast = fast_ids(value) if id_attr is None and skip is None else None
+    if fast is not None:
+        return Normalized(fast)
+    return normalize(value, tensor_ok=True, id_attr=id_attr, skip=skip, consume=False,
+                     what="the allocation")

@@ -1,0 +1,233 @@
+"""Which classes are allocators, and guarding their instances from construction.
+
+``register()`` takes a class or a dotted name; a dotted name never imports its module, so the
+built-in engine specs cost nothing until the engine itself is imported. ``instrument()`` patches
+``__init__`` of every registered class already imported, and installs a post-import hook (a
+``sys.meta_path`` finder that wraps the loader) for those imported later.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.util
+import sys
+import threading
+
+from .spec import AllocatorSpec
+
+_specs: dict[str, AllocatorSpec] = {}
+_builtins_loaded = False
+_instrumented: dict | None = None  # guard() keywords while instrument() is on
+_patched: dict[type, object] = {}  # class -> its original __init__ (or _ABSENT)
+_ABSENT = object()
+_lock = threading.RLock()
+_constructing = threading.local()
+
+
+def _dotted(cls_or_name) -> str:
+    if isinstance(cls_or_name, str):
+        module, _, qualname = cls_or_name.rpartition(".")
+        if not module or not qualname or not all(p.isidentifier() for p in cls_or_name.split(".")):
+            raise ValueError(f"register() takes a class or a dotted name 'package.module.Class', "
+                             f"not {cls_or_name!r}")
+        return cls_or_name
+    if isinstance(cls_or_name, type):
+        return f"{cls_or_name.__module__}.{cls_or_name.__qualname__}"
+    raise TypeError(f"register() takes a class or a dotted name, not {type(cls_or_name).__name__}")
+
+
+def _load_builtins() -> None:
+    global _builtins_loaded
+    if _builtins_loaded:
+        return
+    _builtins_loaded = True
+    from .adapters import BUILTIN_SPECS
+    for name, spec in BUILTIN_SPECS.items():
+        _specs.setdefault(name, spec)
+
+
+def register(cls_or_name, spec: AllocatorSpec) -> None:
+    """Declare an allocator class; instances created while instrumented are guarded."""
+    if not isinstance(spec, AllocatorSpec):
+        raise TypeError(f"register() needs a kvguard.AllocatorSpec, not {type(spec).__name__}")
+    name = _dotted(cls_or_name)
+    with _lock:
+        _load_builtins()
+        _specs[name] = spec
+        if _instrumented is not None:
+            _patch_if_imported(name)
+
+
+def unregister(cls_or_name) -> None:
+    name = _dotted(cls_or_name)
+    with _lock:
+        _specs.pop(name, None)
+        for cls in [c for c in _patched if _dotted(c) == name]:
+            _unpatch(cls)
+
+
+def registered() -> dict[str, AllocatorSpec]:
+    """Dotted name -> spec of every registered class, built-ins included."""
+    with _lock:
+        _load_builtins()
+        return dict(_specs)
+
+
+def spec_for(cls: type) -> AllocatorSpec | None:
+    """The spec registered for ``cls`` or its nearest registered base class."""
+    with _lock:
+        _load_builtins()
+        for klass in cls.__mro__:
+            spec = _specs.get(f"{klass.__module__}.{klass.__qualname__}")
+            if spec is not None:
+                return spec
+    return None
+
+
+def instrumented() -> bool:
+    return _instrumented is not None
+
+
+def instrument(**guard_options) -> None:
+    """Guard every instance of every registered class created from now on, including classes
+    whose module is imported later. ``guard_options`` go to each ``kvguard.guard()`` call
+    (``on_violation``, ``stacks``, ...)."""
+    global _instrumented
+    with _lock:
+        _load_builtins()
+        _instrumented = dict(guard_options)
+        if _FINDER not in sys.meta_path:
+            sys.meta_path.insert(0, _FINDER)
+        for name in list(_specs):
+            _patch_if_imported(name)
+
+
+def uninstrument() -> None:
+    """Stop guarding new instances; guards already attached stay until ``unguard()``."""
+    global _instrumented
+    with _lock:
+        _instrumented = None
+        if _FINDER in sys.meta_path:
+            sys.meta_path.remove(_FINDER)
+        for cls in list(_patched):
+            _unpatch(cls)
+
+
+def _resolve(name: str):
+    """The class behind a dotted name if its module is already imported, else None."""
+    parts = name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module = sys.modules.get(".".join(parts[:cut]))
+        if module is None:
+            continue
+        obj = module
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr, None)
+            if obj is None:
+                return None
+        return obj if isinstance(obj, type) else None
+    return None
+
+
+def _patch_if_imported(name: str) -> None:
+    cls = _resolve(name)
+    if cls is None:
+        return
+    true_name = _dotted(cls)
+    if true_name != name:  # registered under a re-export: remember the spec by its own name too
+        _specs.setdefault(true_name, _specs[name])
+    _patch(cls)
+
+
+def _patch(cls: type) -> None:
+    if cls in _patched:
+        return
+    original = cls.__dict__.get("__init__", _ABSENT)
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        depth = getattr(_constructing, "depth", 0)
+        _constructing.depth = depth + 1
+        try:
+            init(self, *args, **kwargs)
+        finally:
+            _constructing.depth = depth
+        # Guard once the outermost constructor is done, so a subclass's own set-up is included.
+        if depth == 0 and _instrumented is not None:
+            _guard_new(self)
+
+    __init__.__kvguard_patch__ = True
+    _patched[cls] = original
+    cls.__init__ = __init__
+
+
+def _unpatch(cls: type) -> None:
+    original = _patched.pop(cls)
+    if original is _ABSENT:
+        try:
+            del cls.__init__
+        except AttributeError:
+            pass
+    else:
+        cls.__init__ = original
+
+
+def _guard_new(obj) -> None:
+    from .guard import guard, guard_of
+    if guard_of(obj) is not None:
+        return
+    options = _instrumented or {}
+    try:
+        guard(obj, **options)
+    except Exception as exc:
+        if options.get("on_violation", "raise") == "raise":
+            raise
+        from .guard import logger
+        logger.error("kvguard: could not guard a new %s: %r", type(obj).__qualname__, exc)
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    """Lets the real finders find a module, then patches registered classes once it has run."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        with _lock:
+            wanted = any(name.rpartition(".")[0] == fullname for name in _specs)
+        if not wanted or getattr(_constructing, "finding", False):
+            return None
+        _constructing.finding = True
+        try:
+            spec = importlib.util.find_spec(fullname)
+        except (ImportError, ValueError):
+            return None
+        finally:
+            _constructing.finding = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _PatchingLoader(spec.loader, fullname)
+        return spec
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, loader, fullname) -> None:
+        self._loader = loader
+        self._fullname = fullname
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._loader.exec_module(module)
+        with _lock:
+            if _instrumented is None:
+                return
+            for name in list(_specs):
+                if name.rpartition(".")[0] == self._fullname:
+                    _patch_if_imported(name)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+_FINDER = _PostImportFinder()

@@ -1,0 +1,235 @@
+"""Violations and their AddressSanitizer-style reports.
+
+A ``Violation`` is cheap to create: stacks stay raw ``(code, line)`` pairs until ``render()`` or
+``to_dict()`` resolves them. The rendered text leads with what went wrong on which allocator, then
+the stacks that matter (this call, where the block was last freed, where it was allocated), then a
+``SUMMARY:`` line a script can grep. ``to_dict()`` carries the same data as JSON.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+from . import kinds
+from .stacks import Frame, is_internal, resolve
+
+MAX_BLOCKS_DETAILED = 4
+"""Blocks whose free and allocation stacks a report prints (all ids are listed in the header)."""
+
+
+def _frames(stack) -> list[Frame]:
+    """Resolve raw ``(code, line)`` pairs; already-resolved frames (from JSON) pass through."""
+    if not stack:
+        return []
+    if isinstance(stack[0], Frame):
+        return list(stack)
+    return resolve(stack)
+
+
+def _user_frames(stack) -> list[Frame]:
+    """The stack without kvguard's own frames, which say nothing about the bug."""
+    if stack and not isinstance(stack[0], Frame):
+        stack = [pair for pair in stack if not is_internal(pair[0])]
+    return _frames(stack)
+
+
+def _frame_from_dict(d: dict) -> Frame:
+    return Frame(d["file"], int(d["line"]), d["function"])
+
+
+def _ids_text(ids, limit: int = 16) -> str:
+    ids = list(ids)
+    if len(ids) == 1:
+        return f"block {ids[0]}"
+    shown = ", ".join(map(str, ids[:limit]))
+    more = f", ... ({len(ids)} in all)" if len(ids) > limit else ""
+    return f"blocks [{shown}{more}]"
+
+
+def _jsonable(value):
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
+
+
+@dataclass
+class BlockHistory:
+    """What the ledger knew about one block when the violation happened."""
+
+    block_id: int
+    generation: int = 0
+    refcount: int = 0
+    owner: object = None
+    allocated_at: tuple | list = ()
+    freed_at: tuple | list = ()
+
+    def to_dict(self) -> dict:
+        return {
+            "id": self.block_id,
+            "generation": self.generation,
+            "refcount": self.refcount,
+            "owner": _jsonable(self.owner),
+            "allocated_at": [f.to_dict() for f in _user_frames(self.allocated_at)],
+            "freed_at": [f.to_dict() for f in _user_frames(self.freed_at)],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "BlockHistory":
+        return cls(
+            d["id"], d.get("generation", 0), d.get("refcount", 0), d.get("owner"),
+            [_frame_from_dict(f) for f in d.get("allocated_at", ())],
+            [_frame_from_dict(f) for f in d.get("freed_at", ())],
+        )
+
+
+@dataclass
+class Operation:
+    """One entry of a guard's flight recorder: a call and the ids it carried."""
+
+    op: str
+    ids: tuple
+    site: tuple | list = ()
+    pool: object = None
+
+    def to_dict(self) -> dict:
+        frames = _user_frames(self.site)
+        return {
+            "op": self.op,
+            "ids": list(self.ids),
+            "pool": _jsonable(self.pool),
+            "site": frames[0].to_dict() if frames else None,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Operation":
+        site = [_frame_from_dict(d["site"])] if d.get("site") else []
+        return cls(d["op"], tuple(d.get("ids", ())), site, d.get("pool"))
+
+
+@dataclass
+class Violation:
+    """One misuse, with everything its report needs."""
+
+    kind: str
+    block_ids: tuple
+    message: str
+    allocator: str = ""
+    allocator_name: str = ""
+    allocator_address: str = ""
+    method: str = ""
+    pool: object = None
+    call_stack: tuple | list = ()
+    blocks: list = field(default_factory=list)
+    owner: object = None
+    history: list = field(default_factory=list)
+    thread: str = field(default_factory=lambda: threading.current_thread().name)
+    pid: int = field(default_factory=os.getpid)
+    time: float = field(default_factory=time.time)
+    expected: bool = False
+    extra: dict = field(default_factory=dict)
+
+    def headline(self) -> str:
+        where = f" in pool {self.pool!r}" if self.pool is not None else ""
+        ids = f" of {_ids_text(self.block_ids)}" if self.block_ids else ""
+        return (
+            f"{self.kind}{ids} on {self.allocator_name}{where}"
+            f" ({self.allocator} at {self.allocator_address})"
+        )
+
+    def summary(self) -> str:
+        frames = _user_frames(self.call_stack)
+        where = f" {frames[0]}" if frames else ""
+        return f"SUMMARY: kvguard: {self.kind}{where}"
+
+    def render(self) -> str:
+        lines = [f"=={self.pid}==ERROR: kvguard: {self.headline()}", self.message]
+        call = f"{self.method}()" if self.method else "this call"
+        lines.append(f"{call} was called here (thread {self.thread!r}):")
+        lines += _stack_lines(self.call_stack)
+        for block in self.blocks[:MAX_BLOCKS_DETAILED]:
+            tag = f"generation {block.generation}"
+            if block.owner is not None:
+                tag += f", owner {block.owner!r}"
+            if block.freed_at:
+                lines.append(f"\nblock {block.block_id} was last freed here ({tag}):")
+                lines += _stack_lines(block.freed_at)
+            if block.allocated_at:
+                lines.append(f"\nblock {block.block_id} was allocated here ({tag}):")
+                lines += _stack_lines(block.allocated_at)
+        if self.history:
+            lines.append("\nlast operations on this allocator, oldest first:")
+            for op in self.history:
+                frames = _user_frames(op.site)
+                at = f"  at {frames[0]}" if frames else ""
+                lines.append(f"    {op.op} {list(op.ids)}{at}")
+        lines.append("")
+        lines.append(self.summary())
+        return "\n".join(lines)
+
+    __str__ = render
+
+    def to_dict(self) -> dict:
+        return {
+            "kind": self.kind,
+            "block_ids": list(self.block_ids),
+            "message": self.message,
+            "allocator": {
+                "class": self.allocator,
+                "name": self.allocator_name,
+                "address": self.allocator_address,
+            },
+            "method": self.method,
+            "pool": _jsonable(self.pool),
+            "call_stack": [f.to_dict() for f in _user_frames(self.call_stack)],
+            "blocks": [b.to_dict() for b in self.blocks],
+            "owner": _jsonable(self.owner),
+            "history": [op.to_dict() for op in self.history],
+            "thread": self.thread,
+            "pid": self.pid,
+            "time": self.time,
+            "expected": self.expected,
+            "extra": {k: _jsonable(v) for k, v in self.extra.items()},
+            "summary": self.summary(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Violation":
+        """Rebuild a violation from its JSON form (``kvguard report`` merges these)."""
+        if d.get("kind") not in kinds.MEANING:
+            raise ValueError(f"not a kvguard violation: kind {d.get('kind')!r}")
+        alloc = d.get("allocator") or {}
+        return cls(
+            kind=d["kind"],
+            block_ids=tuple(d.get("block_ids", ())),
+            message=d.get("message", ""),
+            allocator=alloc.get("class", ""),
+            allocator_name=alloc.get("name", ""),
+            allocator_address=alloc.get("address", ""),
+            method=d.get("method", ""),
+            pool=d.get("pool"),
+            call_stack=[_frame_from_dict(f) for f in d.get("call_stack", ())],
+            blocks=[BlockHistory.from_dict(b) for b in d.get("blocks", ())],
+            owner=d.get("owner"),
+            history=[Operation.from_dict(o) for o in d.get("history", ())],
+            thread=d.get("thread", ""),
+            pid=d.get("pid", 0),
+            time=d.get("time", 0.0),
+            expected=d.get("expected", False),
+            extra=dict(d.get("extra") or {}),
+        )
+
+
+def _stack_lines(stack) -> list[str]:
+    frames = _user_frames(stack)
+    if not frames:
+        return ["    <no stack recorded: stacks='off'>"]
+    out = []
+    for n, frame in enumerate(frames):
+        out.append(f"    #{n} {frame.function} {frame.filename}:{frame.lineno}")
+        source = frame.source
+        if source and n == 0:
+            out.append(f"        {source}")
+    return out

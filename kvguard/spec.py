@@ -1,0 +1,86 @@
+"""How to read an allocator: which methods hand out and take back ids, and where the ids are."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any, Callable, Union
+
+AttrOrCallable = Union[str, Callable[[Any], Any], None]
+
+
+@dataclass(frozen=True)
+class AllocatorSpec:
+    """The keywords of SPEC.md, plus two this project adds.
+
+    ``iterator_ok``: ``free()`` iterates its argument once (it copies it first), so a generator is
+    legal there; the guard drains it into a list and forwards that list.
+    ``live_ids``: attribute or callable giving the ids live right now, so a guard attached to an
+    allocator that already has blocks out starts with a true ledger instead of learning them.
+    """
+
+    alloc: str | None = "allocate"
+    free: str = "free"
+    free_arg: int | str = 0
+    pool_arg: int | str | None = None
+    share: str | None = None
+    id_attr: str | None = None
+    size: AttrOrCallable = None
+    free_count: AttrOrCallable = None
+    tensor_ok: bool = False
+    refcounted: bool = False
+    skip: Callable[[Any], bool] | None = None
+    iterator_ok: bool = False
+    live_ids: AttrOrCallable = None
+
+    def __post_init__(self) -> None:
+        for name in ("free_arg", "pool_arg"):
+            value = getattr(self, name)
+            if value is None and name == "pool_arg":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, str)):
+                raise TypeError(f"AllocatorSpec.{name} must be a position or a parameter name, "
+                                f"not {value!r}")
+            if isinstance(value, int) and value < 0:
+                raise ValueError(f"AllocatorSpec.{name} must be >= 0, not {value}")
+        for name in ("alloc", "free", "share", "id_attr"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, str) and value.isidentifier()):
+                raise TypeError(f"AllocatorSpec.{name} must be a method/attribute name, "
+                                f"not {value!r}")
+        if not self.free:
+            raise ValueError("AllocatorSpec.free must name the method that takes ids back")
+        if self.skip is not None and not callable(self.skip):
+            raise TypeError("AllocatorSpec.skip must be callable(id or object) -> bool")
+
+    def methods(self) -> tuple[str, ...]:
+        return tuple(m for m in (self.alloc, self.free, self.share) if m)
+
+    def replace(self, **changes) -> "AllocatorSpec":
+        return replace(self, **changes)
+
+    @classmethod
+    def keywords(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+
+DEFAULT_SPEC = AllocatorSpec()
+
+
+def read(allocator, how: AttrOrCallable):
+    """Evaluate a ``size``/``free_count``/``live_ids`` setting against an allocator."""
+    if how is None:
+        return None
+    if callable(how):
+        return how(allocator)
+    value = getattr(allocator, how)
+    return value() if callable(value) else value
+
+
+def per_pool(value, pool):
+    """A setting may give one number for all sub-pools or one per pool (a list or a dict)."""
+    if value is None or pool is None or isinstance(value, int):
+        return value
+    try:
+        return value[pool]
+    except (TypeError, KeyError, IndexError):
+        return value

@@ -90,18 +90,22 @@ class Stats:
 class _Param:
     """Where one argument of a method is: by position (after self) and/or by name."""
 
-    __slots__ = ("pos", "name", "default")
+    __slots__ = ("pos", "name", "default", "found")
 
     def __init__(self, method, where) -> None:
         self.pos = self.name = None
         self.default = _MISSING
         try:
-            params = [p for p in inspect.signature(method).parameters.values()
-                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+            every = inspect.signature(method).parameters.values()
         except (TypeError, ValueError):
-            params = []
+            every = ()
+        params = [p for p in every
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        # Without a readable signature, or with *args/**kwargs, trust the spec.
+        self.found = not every or any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in every)
         if isinstance(where, int):
             self.pos = where
+            self.found = self.found or where < len(params)
             if where < len(params) and params[where].kind != params[where].KEYWORD_ONLY:
                 self.name = params[where].name
                 self.default = params[where].default
@@ -111,6 +115,7 @@ class _Param:
         self.name = where
         for n, p in enumerate(params):
             if p.name == where:
+                self.found = True
                 if p.kind != p.KEYWORD_ONLY:
                     self.pos = n
                 if p.default is not inspect.Parameter.empty:
@@ -201,7 +206,7 @@ class Guard:
                             "__dict__ (__slots__), so methods cannot be shadowed") from None
         free = getattr(allocator, spec.free)
         self._free_param = _Param(free, spec.free_arg)
-        if self._free_param.pos is None and self._free_param.name is None:
+        if not self._free_param.found:
             raise TypeError(f"cannot guard {self.allocator_class}: {spec.free}() has no "
                             f"parameter {spec.free_arg!r}")
         self._share_param = _Param(getattr(allocator, spec.share), 0) if spec.share else None
@@ -468,9 +473,8 @@ class Guard:
         spec = self.spec
         pool = self._pool(method, args, kwargs)
         ledger = self.ledger(pool)
-        consume = spec.iterator_ok or self.mode == "repair"
         norm = normalize(value, tensor_ok=spec.tensor_ok, id_attr=spec.id_attr, skip=spec.skip,
-                         consume=consume, what=what)
+                         iterator_ok=spec.iterator_ok, consume=self.mode == "repair", what=what)
         faults = list(norm.faults)
         ids = norm.ids
         unique = list(dict.fromkeys(ids))

@@ -74,12 +74,13 @@ def fast_ids(value):
     return None
 
 
-def normalize(value, *, tensor_ok=False, id_attr=None, skip=None, consume=False,
-              what="free()") -> Normalized:
+def normalize(value, *, tensor_ok=False, id_attr=None, skip=None, iterator_ok=False,
+              consume=False, what="free()") -> Normalized:
     """Read ``value`` as block ids; never raises, reports faults instead.
 
-    ``consume``: drain a one-shot iterator (the allocator accepts one, or repair mode will forward
-    a list instead); otherwise it is left untouched and reported as ``consumed-iterable``.
+    A one-shot iterator is a ``consumed-iterable`` fault unless ``iterator_ok`` (the allocator
+    copies its argument first). It is drained only with ``iterator_ok`` or ``consume`` (repair
+    mode forwards the drained list); otherwise the caller's iterator is left untouched.
     """
     out = Normalized([])
     Tensor = torch_tensor_type()
@@ -104,13 +105,17 @@ def normalize(value, *, tensor_ok=False, id_attr=None, skip=None, consume=False,
             out.faults.append(Fault(kinds.INVALID_ID, f"{what} got {describe(value)}, "
                                     "which is neither a block id nor an iterable of them"))
             return out
+        except Exception as exc:  # the caller's own iterable is broken; report, never raise
+            out.faults.append(Fault(kinds.INVALID_ID, f"iterating the ids raised {exc!r}"))
+            return out
         if iterator is value:
-            if not consume:
+            if not iterator_ok:
                 out.faults.append(Fault(kinds.CONSUMED_ITERABLE, (
                     f"{what} got a one-shot {describe(value)}: the allocator's validation loop "
                     "drains it and the freeing loop then sees nothing, so no block is freed; "
                     "pass a list")))
-                return out
+                if not consume:
+                    return out
             out.consumed = True
         try:
             value = list(iterator)
@@ -293,5 +298,5 @@ def result_ids(value, id_attr=None, skip=None) -> Normalized:
     fast = fast_ids(value) if id_attr is None and skip is None else None
     if fast is not None:
         return Normalized(fast)
-    return normalize(value, tensor_ok=True, id_attr=id_attr, skip=skip, consume=False,
+    return normalize(value, tensor_ok=True, id_attr=id_attr, skip=skip, iterator_ok=True,
                      what="the allocation")

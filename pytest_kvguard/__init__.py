@@ -1,0 +1,1 @@
+"""pytest face of kvguard: ``pytest -p kvguard`` guards every registered allocator."""

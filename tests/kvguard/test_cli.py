@@ -1,0 +1,51 @@
+"""The command line and the import-cost contract, run as a user would: in subprocesses."""
+
+import subprocess
+import sys
+
+import pytest
+
+
+def run(*args, **kwargs):
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120,
+                          **kwargs)
+
+
+def test_import_kvguard_loads_no_heavy_modules():
+    code = ("import sys, kvguard; heavy = [m for m in ('torch', 'numpy', 'pytest', 'flake8', "
+            "'libcst', 'flake8_kvguard', 'pytest_kvguard') if m in sys.modules]; print(heavy)")
+    out = run("-c", code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_demo_shows_the_seed_bug_then_the_report():
+    out = run("-m", "kvguard", "demo")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "allocate(2)      -> [0, -1]" in text, "the unguarded replay shows the corruption"
+    assert "ERROR: kvguard: duplicate-id of block 0" in text
+    assert "SUMMARY: kvguard: duplicate-id" in text and "demo.py" in text
+    for kind in ("bool-id", "consumed-iterable", "double-free", "invalid-id", "foreign-id"):
+        assert f"-> {kind}" in text
+    short = run("-c", "import sys; from kvguard.cli import main; main(['demo', '--short']); "
+                      "print('torch' in sys.modules)")
+    assert "SUMMARY: kvguard: duplicate-id" in short.stdout and "==ERROR" not in short.stdout
+    assert short.stdout.splitlines()[-1] == "False", "the demo runs without torch"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bogus"], "unknown command 'bogus'"),
+    (["demo", "--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_command_line_mistakes_are_one_line(argv, message):
+    out = run("-m", "kvguard", *argv)
+    assert out.returncode == 2
+    assert message in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+
+
+def test_help_and_version():
+    out = run("-m", "kvguard", "--help")
+    assert out.returncode == 0 and "demo" in out.stdout and "lint" in out.stdout
+    assert run("-m", "kvguard", "--version").stdout.startswith("kvguard ")

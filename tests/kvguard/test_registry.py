@@ -1,0 +1,106 @@
+"""register()/instrument(): guarding instances from construction, modules imported later too."""
+
+import sys
+import textwrap
+
+import pytest
+
+import kvguard
+from kvguard import registry
+from kvguard.examples import LINKED_FREE_LIST_SPEC, LinkedFreeList
+
+
+@pytest.fixture
+def later_module(tmp_path, monkeypatch):
+    """A module on sys.path that nobody has imported yet."""
+    name = f"kvg_later_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent("""
+        class Pool:
+            def __init__(self, n):
+                self.n = n
+                self.free_ids = list(range(n))
+
+            def allocate(self, k):
+                out, self.free_ids = self.free_ids[:k], self.free_ids[k:]
+                return out
+
+            def free(self, ids):
+                self.free_ids.extend(ids)
+
+        class Child(Pool):
+            def __init__(self, n):
+                super().__init__(n)
+                self.child_ready = True
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name
+    sys.modules.pop(name, None)
+    registry.unregister(f"{name}.Pool")
+    registry.unregister(f"{name}.Child")
+
+
+def test_register_by_dotted_name_does_not_import(later_module):
+    kvguard.register(f"{later_module}.Pool", kvguard.AllocatorSpec(size="n"))
+    assert later_module not in sys.modules
+    assert f"{later_module}.Pool" in kvguard.registered()
+
+
+def test_instrument_guards_classes_imported_later(later_module):
+    kvguard.register(f"{later_module}.Pool", kvguard.AllocatorSpec(size="n"))
+    kvguard.instrument()
+    module = __import__(later_module)
+    pool = module.Pool(4)
+    g = kvguard.guard_of(pool)
+    assert g is not None and g.spec.size == "n"
+    ids = pool.allocate(2)
+    with pytest.raises(kvguard.DuplicateIdError):
+        pool.free([ids[0], ids[0]])
+    child = module.Child(4)  # a subclass is guarded once, after its own __init__ finished
+    assert kvguard.guard_of(child) is not None and child.child_ready
+    kvguard.uninstrument()
+    assert kvguard.guard_of(module.Pool(2)) is None
+    assert kvguard.guard_of(pool) is g, "guards already attached stay"
+
+
+def test_instrument_patches_classes_already_imported():
+    kvguard.register(LinkedFreeList, LINKED_FREE_LIST_SPEC)
+    try:
+        kvguard.instrument(on_violation="log")
+        a = LinkedFreeList(4)
+        g = kvguard.guard_of(a)
+        assert g.mode == "log" and g.spec is LINKED_FREE_LIST_SPEC
+        kvguard.uninstrument()
+        assert "__init__" in LinkedFreeList.__dict__
+        assert not getattr(LinkedFreeList.__init__, "__kvguard_patch__", False)
+        assert kvguard.guard_of(LinkedFreeList(2)) is None
+    finally:
+        kvguard.unregister(LinkedFreeList)
+
+
+def test_register_while_instrumented_patches_at_once(later_module):
+    module = __import__(later_module)
+    kvguard.instrument()
+    kvguard.register(module.Pool, kvguard.AllocatorSpec())
+    assert kvguard.guard_of(module.Pool(3)) is not None
+
+
+def test_guard_without_spec_uses_registry_then_defaults(later_module):
+    module = __import__(later_module)
+    plain = kvguard.guard(module.Pool(3))
+    assert plain.spec == kvguard.AllocatorSpec()
+    kvguard.register(module.Child, kvguard.AllocatorSpec(size="n"))
+    assert kvguard.guard(module.Child(3)).spec.size == "n"
+
+
+def test_register_rejects_nonsense():
+    with pytest.raises(ValueError, match="dotted name"):
+        kvguard.register("NoModule", kvguard.AllocatorSpec())
+    with pytest.raises(TypeError, match="AllocatorSpec"):
+        kvguard.register("a.B", {"free": "free"})
+    with pytest.raises(TypeError):
+        kvguard.register(42, kvguard.AllocatorSpec())
+
+
+def test_builtin_specs_are_registered_by_name():
+    names = kvguard.registered()
+    assert "deepspeed.inference.v2.ragged.blocked_allocator.BlockedAllocator" in names

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import inspect
+import itertools
 import logging
 import threading
 import weakref
@@ -168,15 +169,16 @@ class Guard:
         except TypeError:
             self._allocator = lambda allocator=allocator: allocator
         self._lock = threading.RLock()
-        self._busy = False
+        self._tick = itertools.count(2).__next__
+        """The guard's call counter: the ledger stamps each block with the call that last
+        changed it. Call #1 stands for "before the guard attached"."""
         self.stats = Stats()
         self._violations: deque = deque(maxlen=max_violations)
         self.history: deque = deque(maxlen=history) if history else None
         self._log_every = max(1, log_every)
         self._logged: Counter = Counter()
         self._watchers: list = []
-        self._slow_only = False
-        """Every call takes the slow path: watchers (cache poisoning) or a quarantine need it."""
+        self._bound: dict = {}
         self._tensor_like = None
         self._quarantine: dict = {}
         self.quarantine_size = 0
@@ -214,14 +216,9 @@ class Guard:
             m: _Param(getattr(allocator, m), spec.pool_arg) for m in spec.methods()
         } if spec.pool_arg is not None else {}
         self._seed(allocator)
-        wrappers = {spec.free: self._wrap_free(free)}
-        if spec.alloc:
-            wrappers[spec.alloc] = self._wrap_alloc(getattr(allocator, spec.alloc))
-        if spec.share:
-            wrappers[spec.share] = self._wrap_share(getattr(allocator, spec.share))
-        for method, wrapper in wrappers.items():
-            self._originals[method] = own.get(method, _MISSING)
-            own[method] = wrapper
+        self.ledger(self._default_pool())
+        self._bound = {m: getattr(allocator, m) for m in spec.methods()}
+        self._install()
         own[_ATTR] = self
         _GUARDS.add(self)
 
@@ -233,7 +230,7 @@ class Guard:
         if live is not None:
             pools = live.items() if isinstance(live, dict) else [(self._default_pool(), live)]
             for pool, ids in pools:
-                self.ledger(pool).adopt(result_ids(ids, spec.id_attr, spec.skip).ids)
+                self.ledger(pool).adopt(result_ids(ids, spec.id_attr, spec.skip).ids, 1)
             self._learn = False if self._learn is None else self._learn
             return
         if self._learn is None:
@@ -274,7 +271,8 @@ class Guard:
                 size = int(size) if size is not None else None
             except Exception:
                 size = None
-        ledger = self._ledgers[pool] = Ledger(size, pool, learn=bool(self._learn))
+        ledger = self._ledgers[pool] = Ledger(size, pool, refcounted=self.spec.refcounted,
+                                              learn=bool(self._learn))
         return ledger
 
     def unguard(self) -> None:
@@ -311,49 +309,79 @@ class Guard:
 
     # --- the wrappers ------------------------------------------------------------------------
 
+    def _fast_eligible(self) -> bool:
+        spec = self.spec
+        return (spec.pool_arg is None and spec.id_attr is None and spec.skip is None
+                and not spec.refcounted and not self.quarantine_size and not self._watchers)
+
+    def _install(self) -> None:
+        """(Re)build the wrappers for the present configuration and shadow the methods."""
+        allocator = self.allocator
+        if allocator is None:
+            return
+        own = vars(allocator)
+        spec = self.spec
+        wrappers = {spec.free: self._wrap_free(self._bound[spec.free])}
+        if spec.alloc:
+            wrappers[spec.alloc] = self._wrap_alloc(self._bound[spec.alloc])
+        if spec.share:
+            wrappers[spec.share] = self._wrap_share(self._bound[spec.share])
+        for method, wrapper in wrappers.items():
+            if method not in self._originals:
+                self._originals[method] = own.get(method, _MISSING)
+            own[method] = wrapper
+
     def _wrap_free(self, original):
+        """The free wrapper. Its fast path (a list/tuple/int of plain ints, every one live,
+        none repeated) is inlined with everything it needs bound as locals: this is where the
+        overhead budget goes, so every line counts."""
         guard = self
         lock = self._lock
+        owned = lock._is_owned
         param = self._free_param
-        pos, name, default = param.pos, param.name, param.default
-        simple = (self.spec.pool_arg is None and self.spec.id_attr is None
-                  and self.spec.skip is None)
-        ledger = self.ledger(None) if simple else None
+        pos = param.pos if param.pos is not None else -1 - (1 << 30)
+        name, default = param.name, param.default
+        fast = self._fast_eligible()
+        ledger = self.ledger(None)
+        stamp, freed_at = ledger.stamp, ledger.freed_at
         stats = self.stats
+        history = self.history
+        depth = self._depth
         capture = _capture
+        tick = self._tick
 
         def free(*args, **kwargs):
+            if owned():  # the allocator calling itself, or the guard forwarding: pass through
+                return original(*args, **kwargs)
             with lock:
-                if guard._busy:
-                    return original(*args, **kwargs)
-                if pos is not None and len(args) > pos:
+                try:
                     value = args[pos]
-                elif name is not None:
+                except IndexError:
                     value = kwargs.get(name, default)
-                else:
-                    value = default
-                ids = fast_ids(value) if simple else None
-                if ids is not None:
-                    ref = ledger.ref
-                    size = len(ref)
-                    ok = len(ids) < 2 or len(set(ids)) == len(ids)
-                    if ok:
+                if fast:
+                    tp = type(value)
+                    # A list is copied: the allocator may mutate it before the ledger is updated.
+                    ids = value if tp is tuple else list(value) if tp is list else (value,) \
+                        if tp is int else None
+                    if ids is not None:
+                        size = len(stamp)
                         for b in ids:
-                            if b < 0 or b >= size or ref[b] <= 0:
-                                ok = False
+                            if type(b) is not int or not 0 <= b < size or stamp[b] <= 0:
                                 break
-                    if ok and not guard._slow_only:
-                        site = capture(1, guard._depth)
-                        guard._busy = True
-                        try:
-                            result = original(*args, **kwargs)
-                        finally:
-                            guard._busy = False
-                        stats.free_calls += 1
-                        stats.blocks_freed += ledger.release(ids, site)
-                        if guard.history is not None:
-                            guard.history.append(("free", None, tuple(ids), site))
-                        return result
+                        else:
+                            n = len(ids)
+                            if n < 2 or len(set(ids)) == n:
+                                site = capture(1, depth) if depth else 0
+                                result = original(*args, **kwargs)
+                                clock = tick()
+                                for b in ids:
+                                    stamp[b] = -clock
+                                    freed_at[b] = site
+                                stats.free_calls += 1
+                                stats.blocks_freed += n
+                                if history is not None:
+                                    history.append((-clock, ids, site))
+                                return result
                 return guard._free_slow(original, args, kwargs, value)
 
         free.__wrapped__ = original
@@ -361,42 +389,48 @@ class Guard:
         return free
 
     def _wrap_alloc(self, original):
+        """The allocation wrapper: forward first, then check what came back."""
         guard = self
         lock = self._lock
-        simple = (self.spec.pool_arg is None and self.spec.id_attr is None
-                  and self.spec.skip is None)
-        ledger = self.ledger(None) if simple else None
+        owned = lock._is_owned
+        fast = self._fast_eligible()
+        ledger = self.ledger(None)
+        stamp, origin = ledger.stamp, ledger.origin
         stats = self.stats
+        history = self.history
+        depth = self._depth
         capture = _capture
+        owner_var = _current_owner.get
+        tick = self._tick
 
         def allocate(*args, **kwargs):
+            if owned():
+                return original(*args, **kwargs)
             with lock:
-                if guard._busy:
-                    return original(*args, **kwargs)
-                guard._busy = True
-                try:
-                    result = original(*args, **kwargs)
-                finally:
-                    guard._busy = False
-                ids = fast_ids(result) if simple else None
-                if ids is not None and not guard._slow_only:
-                    ref = ledger.ref
-                    size = len(ref)
-                    ok = len(ids) < 2 or len(set(ids)) == len(ids)
-                    if ok:
-                        for b in ids:
-                            if b < 0 or b >= size or ref[b] != 0:
-                                ok = False
-                                break
-                    if ok:
-                        site = capture(1, guard._depth)
-                        ledger.allocate(ids, site)
-                        stats.alloc_calls += 1
-                        stats.blocks_allocated += len(ids)
-                        if guard.history is not None:
-                            guard.history.append(("allocate", None, tuple(ids), site))
-                        return result
-                site = capture(1, guard._depth)
+                result = original(*args, **kwargs)
+                ids = result if type(result) is list else _int_tensor_ids(result)
+                if fast and ids is not None:
+                    size = len(stamp)
+                    for b in ids:
+                        if type(b) is not int or not 0 <= b < size or stamp[b] > 0:
+                            break
+                    else:
+                        if history is not None and ids is result:
+                            ids = tuple(result)
+                        n = len(ids)
+                        if n < 2 or len(set(ids)) == n:
+                            who = owner_var()
+                            site = capture(1, depth, who) if depth or who else 0
+                            clock = tick()
+                            for b in ids:
+                                stamp[b] = clock
+                                origin[b] = site
+                            stats.alloc_calls += 1
+                            stats.blocks_allocated += n
+                            if history is not None:
+                                history.append((clock, ids, site))
+                            return result
+                site = capture(1, depth, owner_var())
                 guard._protect(guard._after_alloc, args, kwargs, result, site)
                 return result
 
@@ -407,11 +441,12 @@ class Guard:
     def _wrap_share(self, original):
         guard = self
         lock = self._lock
+        owned = lock._is_owned
 
         def share(*args, **kwargs):
+            if owned():
+                return original(*args, **kwargs)
             with lock:
-                if guard._busy:
-                    return original(*args, **kwargs)
                 return guard._share_slow(original, args, kwargs)
 
         share.__wrapped__ = original
@@ -456,14 +491,7 @@ class Guard:
             return original(*args, **kwargs)
         args, kwargs, forward = self._protect(self._route_free, plan, args, kwargs) or (
             args, kwargs, True)
-        if not forward:
-            result = None
-        else:
-            self._busy = True
-            try:
-                result = original(*args, **kwargs)
-            finally:
-                self._busy = False
+        result = original(*args, **kwargs) if forward else None
         self._protect(self._commit_release, plan)
         return result
 
@@ -488,13 +516,13 @@ class Guard:
                 "de-duplicate the ids (were two sources concatenated?)"), dups))
         is_share = method == spec.share
         good, learned, foreign, double, out_of_range = [], [], [], [], []
-        ref, gen = ledger.ref, ledger.gen
+        stamp = ledger.stamp
         for b in unique:
             if not ledger.in_range(b):
                 out_of_range.append(b)
-            elif b >= len(ref) or gen[b] == 0:
+            elif b >= len(stamp) or stamp[b] == 0:
                 (learned if ledger.learn and not is_share else foreign).append(b)
-            elif ref[b] <= 0 and not is_share:
+            elif stamp[b] < 0 and not is_share:
                 double.append(b)
             else:
                 good.append(b)
@@ -515,9 +543,9 @@ class Guard:
         plan = _Plan(method, pool, ledger, norm, good, learned, site)
         if faults:
             faults.sort(key=lambda f: kinds.PRECEDENCE[f.kind])
-            ledger_ids = [b for f in faults for b in f.block_ids]
+            detail = [b for f in faults for b in f.block_ids]
             violations = [self._violation(f.kind, f.block_ids, f.message, method, pool, ledger,
-                                          ledger_ids)
+                                          detail)
                           for f in faults]
             for v in violations[1:]:
                 violations[0].extra.setdefault("also", []).append(v.headline())
@@ -532,20 +560,19 @@ class Guard:
         """Decide what the allocator receives: the call itself, a repaired one, or the ids
         leaving quarantine. Returns ``(args, kwargs, forward)``."""
         ids = plan.good + plan.learned
+        repair = plan.faulty and self.mode == "repair"
         if self.quarantine_size and not self.spec.refcounted:
             released = self._enter_quarantine(plan.pool, ids, plan)
             if not released and not plan.norm.passthrough:
                 return args, kwargs, False
             return (*self._free_param.put(args, kwargs, self._forward_value(plan, released)),
                     True)
-        if plan.faulty and self.mode == "repair" or plan.norm.consumed:
-            if plan.faulty and self.mode == "repair":
-                value = self._forward_value(plan, ids)
-                if not ids and not plan.norm.passthrough:
-                    return args, kwargs, False
-            else:
-                value = plan.norm.materialized
-            return (*self._free_param.put(args, kwargs, value), True)
+        if repair:
+            if not ids and not plan.norm.passthrough:
+                return args, kwargs, False
+            return (*self._free_param.put(args, kwargs, self._forward_value(plan, ids)), True)
+        if plan.norm.consumed:
+            return (*self._free_param.put(args, kwargs, plan.norm.materialized), True)
         return args, kwargs, True
 
     def _forward_value(self, plan, ids):
@@ -564,34 +591,34 @@ class Guard:
 
     def _commit_release(self, plan) -> None:
         ledger = plan.ledger
+        clock = self._tick()
         if plan.learned:
-            ledger.adopt(plan.learned)
+            ledger.adopt(plan.learned, clock)
             self.stats.learned += len(plan.learned)
         ids = plan.good + plan.learned
         site = plan.site
         stats = self.stats
         if plan.method == self.spec.share:
-            ledger.share(ids, site)
+            ledger.share(ids, clock, site)
             stats.share_calls += 1
             stats.blocks_shared += len(ids)
             op = "share"
         else:
-            if self.spec.refcounted:
-                ref = ledger.ref
-                dropping = [b for b in ids if ref[b] == 1]
+            if ledger.ref is not None:
+                dropping = [b for b in ids if ledger.ref[b] == 1]
             else:
                 dropping = ids
-            stats.blocks_freed += ledger.release(ids, site)
+            stats.blocks_freed += ledger.release(ids, clock, site)
             stats.free_calls += 1
             op = "free"
             for watcher in self._watchers:
                 watcher.on_free(self, plan.pool, dropping)
         if self.history is not None:
-            self.history.append((op, plan.pool, tuple(ids), site))
+            self.history.append((clock if op == "share" else -clock, ids, site, plan.pool, op))
 
     def _share_slow(self, original, args, kwargs):
         value = self._share_param.get(args, kwargs)
-        site = _capture(2, self._depth)
+        site = _capture(2, self._depth, _current_owner.get())  # a share hands out a reference
         try:
             plan = self._plan_release(self.spec.share, args, kwargs, value, f"{self.spec.share}()",
                                       site)
@@ -602,11 +629,7 @@ class Guard:
             return original(*args, **kwargs)
         if plan.norm.consumed:
             args, kwargs = self._share_param.put(args, kwargs, plan.norm.materialized)
-        self._busy = True
-        try:
-            result = original(*args, **kwargs)
-        finally:
-            self._busy = False
+        result = original(*args, **kwargs)
         self._protect(self._commit_release, plan)
         return result
 
@@ -627,7 +650,7 @@ class Guard:
             seen.add(b)
             if not ledger.in_range(b) or not ledger.grow(b + 1):
                 bad.append(b)
-            elif ledger.ref[b] > 0:
+            elif ledger.stamp[b] > 0:
                 shared.append(b)
             else:
                 fresh.append(b)
@@ -645,11 +668,12 @@ class Guard:
         for fault in sorted(faults, key=lambda f: kinds.PRECEDENCE[f.kind]):
             violations.append(self._violation(fault.kind, fault.block_ids, fault.message, method,
                                               pool, ledger, fault.block_ids))
-        ledger.allocate(fresh, site)
+        clock = self._tick()
+        ledger.allocate(fresh, clock, site)
         self.stats.alloc_calls += 1
         self.stats.blocks_allocated += len(fresh)
         if self.history is not None:
-            self.history.append(("allocate", pool, tuple(ids), site))
+            self.history.append((clock, ids, site, pool))
         for watcher in self._watchers:
             for kind, block_ids, message, extra in watcher.on_alloc(self, pool, fresh) or ():
                 v = self._violation(kind, block_ids, message, method, pool, ledger, block_ids)
@@ -680,7 +704,8 @@ class Guard:
                 self.release_quarantine()
 
     def _update_paths(self) -> None:
-        self._slow_only = bool(self.quarantine_size or self._watchers)
+        """Watchers and quarantine need the slow path: rebuild the wrappers without the fast one."""
+        self._install()
 
     def add_watcher(self, watcher) -> None:
         """Attach a watcher (``on_free(guard, pool, ids)``, ``on_alloc(guard, pool, ids)`` ->
@@ -734,23 +759,21 @@ class Guard:
                 pool_param = self._pool_params.get(self.spec.free)
                 if pool_param is not None and pool is not None:
                     args, kwargs = pool_param.put(args, kwargs, pool)
-                self._busy = True
-                try:
-                    self._original(allocator, self.spec.free)(*args, **kwargs)
-                finally:
-                    self._busy = False
+                self._original(allocator, self.spec.free)(*args, **kwargs)
 
     # --- violations --------------------------------------------------------------------------
 
     def _violation(self, kind, block_ids, message, method, pool, ledger, detail_ids) -> Violation:
         blocks = []
         for b in list(dict.fromkeys(detail_ids))[:4]:
-            if 0 <= b < len(ledger.ref):
+            if ledger.seen(b):
+                stamp = ledger.stamp[b]
+                site = ledger.origin[b]
                 blocks.append(BlockHistory(
-                    b, ledger.gen[b], ledger.ref[b], OWNERS.labels[ledger.owner[b]],
-                    SITES.pairs(ledger.alloc_site[b]), SITES.pairs(ledger.free_site[b])))
-        history = [Operation(op, ids, SITES.pairs(site), p)
-                   for op, p, ids, site in (self.history or ())]
+                    b, "live" if stamp > 0 else "free", ledger.refcount(b),
+                    OWNERS.labels[SITES.owner(site)], abs(stamp), SITES.pairs(site),
+                    SITES.pairs(ledger.freed_at[b])))
+        history = [self._operation(*entry) for entry in (self.history or ())]
         return Violation(
             kind=kind, block_ids=tuple(block_ids), message=message,
             allocator=self.allocator_class, allocator_name=self.name,
@@ -758,6 +781,13 @@ class Guard:
             call_stack=raw_stack(1, VIOLATION_STACK_DEPTH[self.stacks]), blocks=blocks,
             owner=current_owner(), history=history,
         )
+
+    def _operation(self, signed_clock, ids, site, pool=None, op=None) -> Operation:
+        """Decode a flight-recorder entry. The hot path stores 3-tuples: the sign of the call
+        number tells a hand-out (+) from a free (-)."""
+        if op is None:
+            op = "free" if signed_clock < 0 else "allocate"
+        return Operation(op, tuple(ids), SITES.pairs(site), pool, abs(signed_clock))
 
     def _record(self, violation: Violation) -> None:
         self._violations.append(violation)
@@ -910,6 +940,17 @@ class _Plan:
         self.learned = learned
         self.faulty = False
         self.held_objects: dict = {}
+
+
+def _int_tensor_ids(value):
+    """A 1-D integer tensor's ids as a list (DeepSpeed and SGLang hand out tensors), else None.
+    One ``tolist()``: a single host sync for a CUDA tensor."""
+    if type(value).__name__ != "Tensor" or type(value) is not torch_tensor_type():
+        return None
+    dtype = value.dtype
+    if value.dim() != 1 or dtype.is_floating_point or dtype.is_complex or dtype.itemsize == 1:
+        return None  # bools and bytes (masks) take the slow path, which names them
+    return value.tolist()
 
 
 def _more(ids) -> str:

@@ -1,13 +1,18 @@
 """The ledger: what kvguard believes about every block of one pool.
 
-Five parallel ``array`` columns, 20 bytes per block: refcount, generation, allocation site, free
-site, owner. A block is live while its refcount is above zero; a block with generation > 0 and
-refcount 0 is a tombstone, kept forever, so a double free is caught however late it comes
-(AddressSanitizer only catches it inside its quarantine window). Generation 0 means the ledger
-never saw the block handed out.
+Three parallel ``array`` columns, 16 bytes per block (20 for refcounted pools):
 
-The guard reads the columns directly on its hot path; the methods here are the slow, exact
-operations (reports, tables, leaks) and the single place state changes.
+- ``stamp`` (int64): ``+n`` while the block is live, handed out by the guard's call number
+  ``n``; ``-m`` once it is free again, freed by call ``m``; ``0`` if the ledger never saw it
+  handed out. One read says live / tombstone / unknown, and the numbers order events in reports.
+- ``origin`` (uint32): the interned allocation site together with the owner active then.
+- ``freed_at`` (uint32): the interned site of the last free.
+- ``ref`` (int32, refcounted pools only): references held.
+
+Tombstones are kept forever, so a double free is caught however late it comes (AddressSanitizer
+only catches it inside its quarantine window). The guard reads and writes the columns directly
+on its hot path; the methods here are the exact, slower operations, and the one place the slow
+path changes state.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from dataclasses import dataclass
 from .stacks import SITES
 
 MAX_DENSE = 1 << 28
-"""Largest pool the ledger grows to without a declared ``size`` (5 GiB of columns at 20 B/id)."""
+"""Largest pool the ledger grows to without a declared ``size`` (4 GiB of columns)."""
 
 _current_owner: ContextVar = ContextVar("kvguard_owner", default=0)
 
@@ -77,7 +82,7 @@ class LiveBlock:
     block_id: int
     refcount: int
     owner: object
-    generation: int
+    allocated_by_call: int
     allocated_at: list
     pool: object = None
 
@@ -89,40 +94,39 @@ def _zeros(code: str, n: int) -> array:
 class Ledger:
     """One pool's blocks. Not thread-safe by itself: the guard's lock covers every call."""
 
-    def __init__(self, size: int | None = None, pool=None, learn: bool = False) -> None:
+    def __init__(self, size: int | None = None, pool=None, *, refcounted: bool = False,
+                 learn: bool = False) -> None:
         self.size = size
         self.pool = pool
         n = size or 0
-        self.ref = _zeros("i", n)
-        self.gen = _zeros("I", n)
-        self.alloc_site = _zeros("I", n)
-        self.free_site = _zeros("I", n)
-        self.owner = _zeros("I", n)
-        self.free_delta = 0
-        """Blocks that went live -> free minus free -> live since the guard attached."""
+        self.stamp = _zeros("q", n)
+        self.origin = _zeros("I", n)
+        self.freed_at = _zeros("I", n)
+        self.ref = _zeros("i", n) if refcounted else None
+        self.refcounted = refcounted
         self.learn = learn
-        """Accept frees of never-seen ids as live blocks handed out before the guard attached."""
-        self.learned = 0
-        self.high = 0
-        """One past the highest id ever handed out: scans stop here."""
+        """Accept frees of never-seen ids as blocks handed out before the guard attached."""
+        self.adopted = 0
+        """Blocks made live without a hand-out the guard saw (seeded or learned)."""
 
     def __len__(self) -> int:
-        return len(self.ref)
+        return len(self.stamp)
+
+    def columns(self) -> tuple:
+        cols = (self.stamp, self.origin, self.freed_at)
+        return cols + (self.ref,) if self.ref is not None else cols
 
     def nbytes(self) -> int:
         return sum(c.buffer_info()[1] * c.itemsize for c in self.columns())
 
-    def columns(self):
-        return (self.ref, self.gen, self.alloc_site, self.free_site, self.owner)
-
     def grow(self, needed: int) -> bool:
         """Make room for id ``needed - 1``; False when that is past every sane pool size."""
-        if needed <= len(self.ref):
+        if needed <= len(self.stamp):
             return True
         if self.size is not None or needed > MAX_DENSE:
             return False
-        target = min(MAX_DENSE, max(needed, 2 * len(self.ref), 1024))
-        extra = target - len(self.ref)
+        target = min(MAX_DENSE, max(needed, 2 * len(self.stamp), 1024))
+        extra = target - len(self.stamp)
         for column in self.columns():
             column.extend(_zeros(column.typecode, extra))
         return True
@@ -130,84 +134,100 @@ class Ledger:
     def in_range(self, block: int) -> bool:
         return 0 <= block and (self.size is None or block < self.size) and block < MAX_DENSE
 
-    # --- the state changes: each takes ids the guard has already validated ---
+    # --- state changes: each takes ids the guard has already validated ---
 
-    def allocate(self, ids, site: int) -> None:
-        """Hand out ``ids`` (each free, in range, room made)."""
-        ref, gen, asite, owner = self.ref, self.gen, self.alloc_site, self.owner
-        who = _current_owner.get()
-        high = self.high
+    def allocate(self, ids, clock: int, site: int) -> None:
+        """Hand out ``ids`` (each free or unknown, in range, room made, each once)."""
+        stamp, origin, ref = self.stamp, self.origin, self.ref
         for b in ids:
-            ref[b] = 1
-            gen[b] += 1
-            asite[b] = site
-            owner[b] = who
-            if b >= high:
-                high = b + 1
-        self.high = high
-        self.free_delta -= len(ids)
+            stamp[b] = clock
+            origin[b] = site
+        if ref is not None:
+            for b in ids:
+                ref[b] = 1
 
-    def release(self, ids, site: int) -> int:
+    def release(self, ids, clock: int, site: int) -> int:
         """Drop one reference from each of ``ids`` (each live, each once); return blocks freed."""
-        ref, fsite = self.ref, self.free_site
+        stamp, freed_at, ref = self.stamp, self.freed_at, self.ref
+        if ref is None:
+            for b in ids:
+                stamp[b] = -clock
+                freed_at[b] = site
+            return len(ids)
         freed = 0
         for b in ids:
             r = ref[b] - 1
             ref[b] = r
             if r == 0:
-                fsite[b] = site
+                stamp[b] = -clock
+                freed_at[b] = site
                 freed += 1
-        self.free_delta += freed
         return freed
 
-    def share(self, ids, site: int) -> None:
+    def share(self, ids, clock: int, site: int) -> None:
         """Add a reference to each of ``ids``; a free cached block (tombstone) comes back live."""
-        ref, gen, asite, owner = self.ref, self.gen, self.alloc_site, self.owner
-        who = _current_owner.get()
+        stamp, origin, ref = self.stamp, self.origin, self.ref
         for b in ids:
-            if ref[b] == 0:
-                gen[b] += 1
-                asite[b] = site
-                owner[b] = who
-                self.free_delta -= 1
-            ref[b] += 1
+            if stamp[b] <= 0:
+                stamp[b] = clock
+                origin[b] = site
+            if ref is not None:
+                ref[b] += 1
 
-    def adopt(self, ids) -> None:
+    def adopt(self, ids, clock: int) -> None:
         """Mark ids as live without a known allocation (seeded or learned on attach)."""
         self.grow(max(ids, default=-1) + 1)
         for b in ids:
-            if self.ref[b] == 0:
-                self.ref[b] = 1
-                self.gen[b] += 1
-                if b >= self.high:
-                    self.high = b + 1
+            if self.stamp[b] <= 0:
+                self.stamp[b] = clock
+                self.adopted += 1
+                if self.ref is not None:
+                    self.ref[b] = 1
 
     # --- queries ---
 
-    def is_live(self, block: int) -> bool:
-        return 0 <= block < len(self.ref) and self.ref[block] > 0
+    def refcount(self, b: int) -> int:
+        if not 0 <= b < len(self.stamp) or self.stamp[b] <= 0:
+            return 0
+        return self.ref[b] if self.ref is not None else 1
 
-    def state(self, block: int) -> str:
-        if not self.in_range(block):
-            return "invalid"
-        if block >= len(self.ref) or self.gen[block] == 0:
-            return "unknown"
-        return "live" if self.ref[block] > 0 else "free"
+    def is_live(self, b: int) -> bool:
+        return 0 <= b < len(self.stamp) and self.stamp[b] > 0
+
+    def seen(self, b: int) -> bool:
+        """Handed out at least once (live or a tombstone)."""
+        return 0 <= b < len(self.stamp) and self.stamp[b] != 0
+
+    @property
+    def free_delta(self) -> int:
+        """Blocks that went live -> free minus free -> live since the guard attached: what the
+        allocator's own free count should have moved by. Derived by a scan, so the hot path
+        keeps no counter."""
+        return self.adopted - len(self.live_ids())
 
     def live_ids(self, owner_label=None, *, any_owner: bool = True) -> list[int]:
-        ref = self.ref
+        live = _positive(self.stamp)
         if any_owner:
-            return [b for b in range(self.high) if ref[b] > 0]
+            return live
         who = OWNERS.index.get(owner_label, -1) if owner_label is not None else 0
-        own = self.owner
-        return [b for b in range(self.high) if ref[b] > 0 and own[b] == who]
-
-    def live_count(self) -> int:
-        ref = self.ref
-        return sum(1 for b in range(self.high) if ref[b] > 0)
+        site_owner, origin = SITES.owner, self.origin
+        return [b for b in live if site_owner(origin[b]) == who]
 
     def block(self, b: int) -> LiveBlock:
-        if b >= len(self.ref):
+        if not self.seen(b):
             return LiveBlock(b, 0, None, 0, [], self.pool)
-        return LiveBlock(b, self.ref[b], OWNERS.labels[self.owner[b]], self.gen[b],
-                         SITES.frames(self.alloc_site[b]), self.pool)
+        site = self.origin[b]
+        return LiveBlock(b, self.refcount(b), OWNERS.labels[SITES.owner(site)],
+                         max(self.stamp[b], 0), SITES.frames(site), self.pool)
+
+
+def _positive(column) -> list[int]:
+    """Indices of the positive entries of an int64 column: numpy when it can be had (a 1M-block
+    scan in about a millisecond), a plain loop otherwise."""
+    try:
+        import numpy
+    except ImportError:
+        return [b for b, v in enumerate(column) if v > 0]
+    if not len(column):
+        return []
+    return numpy.flatnonzero(numpy.frombuffer(column, dtype=numpy.int64) > 0).tolist()

@@ -60,18 +60,22 @@ class BlockHistory:
     """What the ledger knew about one block when the violation happened."""
 
     block_id: int
-    generation: int = 0
+    state: str = "unknown"
+    """``live``, ``free`` (a tombstone: handed out and freed before) or ``unknown``."""
     refcount: int = 0
     owner: object = None
+    last_call: int = 0
+    """The guard's call number that last handed the block out (live) or freed it (free)."""
     allocated_at: tuple | list = ()
     freed_at: tuple | list = ()
 
     def to_dict(self) -> dict:
         return {
             "id": self.block_id,
-            "generation": self.generation,
+            "state": self.state,
             "refcount": self.refcount,
             "owner": _jsonable(self.owner),
+            "last_call": self.last_call,
             "allocated_at": [f.to_dict() for f in _user_frames(self.allocated_at)],
             "freed_at": [f.to_dict() for f in _user_frames(self.freed_at)],
         }
@@ -79,7 +83,8 @@ class BlockHistory:
     @classmethod
     def from_dict(cls, d: dict) -> "BlockHistory":
         return cls(
-            d["id"], d.get("generation", 0), d.get("refcount", 0), d.get("owner"),
+            d["id"], d.get("state", "unknown"), d.get("refcount", 0), d.get("owner"),
+            d.get("last_call", 0),
             [_frame_from_dict(f) for f in d.get("allocated_at", ())],
             [_frame_from_dict(f) for f in d.get("freed_at", ())],
         )
@@ -93,6 +98,7 @@ class Operation:
     ids: tuple
     site: tuple | list = ()
     pool: object = None
+    call: int = 0
 
     def to_dict(self) -> dict:
         frames = _user_frames(self.site)
@@ -100,13 +106,14 @@ class Operation:
             "op": self.op,
             "ids": list(self.ids),
             "pool": _jsonable(self.pool),
+            "call": self.call,
             "site": frames[0].to_dict() if frames else None,
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> "Operation":
         site = [_frame_from_dict(d["site"])] if d.get("site") else []
-        return cls(d["op"], tuple(d.get("ids", ())), site, d.get("pool"))
+        return cls(d["op"], tuple(d.get("ids", ())), site, d.get("pool"), d.get("call", 0))
 
 
 @dataclass
@@ -150,21 +157,22 @@ class Violation:
         lines.append(f"{call} was called here (thread {self.thread!r}):")
         lines += _stack_lines(self.call_stack)
         for block in self.blocks[:MAX_BLOCKS_DETAILED]:
-            tag = f"generation {block.generation}"
-            if block.owner is not None:
-                tag += f", owner {block.owner!r}"
-            if block.freed_at:
-                lines.append(f"\nblock {block.block_id} was last freed here ({tag}):")
+            owned = f", owner {block.owner!r}" if block.owner is not None else ""
+            if block.state == "free" and block.freed_at:
+                lines.append(f"\nblock {block.block_id} was freed here by call "
+                             f"#{block.last_call}:")
                 lines += _stack_lines(block.freed_at)
             if block.allocated_at:
-                lines.append(f"\nblock {block.block_id} was allocated here ({tag}):")
+                when = f" by call #{block.last_call}" if block.state == "live" else ""
+                lines.append(f"\nblock {block.block_id} was {'last ' if block.state == 'free' else ''}"
+                             f"allocated here{when} ({block.state}{owned}):")
                 lines += _stack_lines(block.allocated_at)
         if self.history:
             lines.append("\nlast operations on this allocator, oldest first:")
             for op in self.history:
                 frames = _user_frames(op.site)
                 at = f"  at {frames[0]}" if frames else ""
-                lines.append(f"    {op.op} {list(op.ids)}{at}")
+                lines.append(f"    #{op.call} {op.op} {list(op.ids)}{at}")
         lines.append("")
         lines.append(self.summary())
         return "\n".join(lines)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 _getframe = sys._getframe
 
-DEPTH = {"off": 0, "cheap": 4, "full": 48}
+DEPTH = {"off": 0, "cheap": 3, "full": 48}
 """Frames kept per site for each ``stacks=`` setting."""
 
 UNKNOWN = 0
@@ -82,68 +82,102 @@ def is_internal(code) -> bool:
 _internal_files: dict = {}
 
 
-class SiteTable:
-    """Interns call sites; bounded so a long-running server cannot grow it without limit.
+def line_of(code, lasti: int) -> int:
+    """The source line of bytecode offset ``lasti`` (what ``frame.f_lineno`` would have said)."""
+    for start, end, line in code.co_lines():
+        if start <= lasti < end and line is not None:
+            return line
+    return code.co_firstlineno
 
-    Keys use ``id(code)`` (cheap to hash; a code object's own hash walks its constants) and the
-    table keeps every interned code object alive, so an id can never be reused for another one.
+
+class SiteTable:
+    """Interns call sites, together with the owner active at the call, to small ints.
+
+    The hot path keys on ``(owner, id(code), f_lasti, ...)``: ``f_lasti`` is a plain int where
+    ``f_lineno`` decodes the line table, and ``id(code)`` is cheap to hash where a code object's
+    own hash walks its constants. The table keeps every interned code object alive, so an id can
+    never be reused for another one. Lines are worked out only when a report asks. Bounded, so a
+    long-running server cannot grow it without limit.
     """
 
     def __init__(self, capacity: int = 65536) -> None:
         self.capacity = capacity
-        self._index: dict[tuple, int] = {}
-        self._pairs: list[tuple] = [()]
+        self._index: dict[tuple, int] = {(0,): UNKNOWN}
+        self._raw: list[tuple] = [()]
+        self._owners: list[int] = [0]
+        self._lines: dict[int, tuple] = {}
 
     def __len__(self) -> int:
-        return len(self._pairs) - 1
+        return len(self._raw) - 1
 
-    def capture(self, depth: int, limit: int) -> int:
-        """Intern the stack of the caller ``depth`` frames above the caller of this method."""
+    def capture(self, depth: int, limit: int, owner: int = 0) -> int:
+        """Intern the caller ``depth`` frames above the caller of this method, ``limit`` frames
+        deep, with ``owner`` (an interned owner label). ``limit=0`` records the owner alone."""
         if not limit:
-            return UNKNOWN
-        top = frame = _getframe(depth + 1)
-        key = []
-        append = key.append
-        for _ in range(limit):
-            if frame is None:
-                break
-            append(id(frame.f_code))
-            append(frame.f_lineno)
-            frame = frame.f_back
-        key = tuple(key)
+            if not owner:
+                return UNKNOWN
+            key = (owner,)
+        elif limit == 3:
+            f = _getframe(depth + 1)
+            c1, l1, f = f.f_code, f.f_lasti, f.f_back
+            if f is None:
+                key = (owner, id(c1), l1)
+            else:
+                c2, l2, f = f.f_code, f.f_lasti, f.f_back
+                if f is None:
+                    key = (owner, id(c1), l1, id(c2), l2)
+                else:
+                    key = (owner, id(c1), l1, id(c2), l2, id(f.f_code), f.f_lasti)
+        else:
+            f = _getframe(depth + 1)
+            parts = [owner]
+            append = parts.append
+            for _ in range(limit):
+                if f is None:
+                    break
+                append(id(f.f_code))
+                append(f.f_lasti)
+                f = f.f_back
+            key = tuple(parts)
         site = self._index.get(key)
         if site is None:
-            site = self._intern(top, limit, key)
+            site = self._intern(depth + 1, limit, owner, key)
         return site
 
-    def _intern(self, frame, limit: int, key: tuple) -> int:
-        pairs = []
-        while frame is not None and len(pairs) < limit:
-            pairs.append((frame.f_code, frame.f_lineno))
+    def _intern(self, depth: int, limit: int, owner: int, key: tuple) -> int:
+        frame = _getframe(depth + 1) if limit else None
+        raw = []
+        while frame is not None and len(raw) < limit:
+            raw.append((frame.f_code, frame.f_lasti))
             frame = frame.f_back
-        if len(self._pairs) > self.capacity:
-            return self._intern_when_full(pairs)
-        return self._add(key, tuple(pairs))
-
-    def _add(self, key: tuple, pairs: tuple) -> int:
-        site = len(self._pairs)
-        self._pairs.append(pairs)
+        if len(self._raw) > self.capacity and len(raw) > 1:
+            # Past capacity keep only the innermost frame, so new sites still name a file:line.
+            raw = raw[:1]
+            key = (owner, id(raw[0][0]), raw[0][1])
+            site = self._index.get(key)
+            if site is not None:
+                return site
+        if len(self._raw) > 2 * self.capacity:
+            return UNKNOWN
+        site = len(self._raw)
+        self._raw.append(tuple(raw))
+        self._owners.append(owner)
         self._index[key] = site
         return site
 
-    def _intern_when_full(self, pairs: list) -> int:
-        """Past capacity keep only the innermost frame, so new sites still name a file:line."""
-        code, line = pairs[0]
-        key = (id(code), line)
-        site = self._index.get(key)
-        if site is not None:
-            return site
-        if len(self._pairs) > 2 * self.capacity:
-            return UNKNOWN
-        return self._add(key, ((code, line),))
-
     def pairs(self, site: int) -> tuple:
-        return self._pairs[site] if 0 < site < len(self._pairs) else ()
+        """``(code, line)`` pairs of a site, innermost first."""
+        if not 0 < site < len(self._raw):
+            return ()
+        lines = self._lines.get(site)
+        if lines is None:
+            lines = self._lines[site] = tuple(
+                (code, line_of(code, lasti)) for code, lasti in self._raw[site])
+        return lines
+
+    def owner(self, site: int) -> int:
+        """The interned owner active when the site was captured."""
+        return self._owners[site] if 0 <= site < len(self._owners) else 0
 
     def frames(self, site: int) -> list[Frame]:
         return resolve(self.pairs(site))

@@ -50,15 +50,11 @@ def _owners(owners) -> str:
 def _mapping_form(guard, ledger, tables):
     holders = defaultdict(list)
     stale = defaultdict(list)
-    ref = ledger.ref
     for owner, ids in tables.items():
         norm = result_ids(ids, guard.spec.id_attr, guard.spec.skip)
         for b in dict.fromkeys(norm.ids):
-            if b < len(ref) and ref[b] > 0:
-                holders[b].append(owner)
-            else:
-                stale[b].append(owner)
-    shared = {b: owners for b, owners in holders.items() if len(owners) > ref[b]}
+            (holders if ledger.is_live(b) else stale)[b].append(owner)
+    shared = {b: owners for b, owners in holders.items() if len(owners) > ledger.refcount(b)}
     return stale, shared
 
 
@@ -69,9 +65,8 @@ def _tensor_form(ledger, tables):
         raise TypeError(f"a block-table tensor must be 2-D integer, not {tables.dim()}-D "
                         f"{tables.dtype}")
     device = tables.device
-    n = len(ledger.ref)
-    refs = (torch.frombuffer(ledger.ref, dtype=torch.int32) if n
-            else torch.zeros(0, dtype=torch.int32)).to(device, non_blocking=True)
+    refs = _refcounts(ledger, torch).to(device, non_blocking=True)
+    n = refs.numel()
     table = tables.long()
     rows = torch.arange(table.shape[0], device=device).unsqueeze(1).expand_as(table)
     valid = table >= 0
@@ -86,13 +81,26 @@ def _tensor_form(ledger, tables):
     pairs = torch.unique(owners[live] * width + ids[live])
     pair_ids = pairs % width
     counts = torch.bincount(pair_ids, minlength=width)[:n]
-    over = (counts > refs.long()) if n else counts.bool()
+    over = counts > refs
     shared_ids = torch.nonzero(over).flatten()
     shared_pairs = pairs[over[pair_ids.clamp(max=max(n - 1, 0))]] if n else pairs[:0]
     stale, shared = defaultdict(list), defaultdict(list)
     for b, r in zip(stale_ids.tolist(), stale_rows.tolist()):
-        stale[b].append(r)
+        if r not in stale[b]:
+            stale[b].append(r)
     if shared_ids.numel():
         for pair in shared_pairs.tolist():
             shared[pair % width].append(pair // width)
     return stale, shared
+
+
+def _refcounts(ledger, torch):
+    """References per block as an int64 CPU tensor, built from the ledger's columns in bulk."""
+    n = len(ledger.stamp)
+    if not n:
+        return torch.zeros(0, dtype=torch.long)
+    stamp = torch.frombuffer(ledger.stamp, dtype=torch.int64)
+    live = stamp > 0
+    if ledger.ref is None:
+        return live.long()
+    return torch.frombuffer(ledger.ref, dtype=torch.int32).long() * live

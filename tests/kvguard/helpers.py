@@ -13,7 +13,7 @@ def allocator_state(allocator):
 
 def ledger_state(guard):
     return {
-        pool: (tuple(bytes(c) for c in ledger.columns()), ledger.free_delta, ledger.high)
+        pool: (tuple(bytes(c) for c in ledger.columns()), ledger.adopted)
         for pool, ledger in guard._ledgers.items()
     }
 

@@ -342,8 +342,8 @@ class Guard:
         pos = param.pos if param.pos is not None else -1 - (1 << 30)
         name, default = param.name, param.default
         fast = self._fast_eligible()
-        ledger = self.ledger(None)
-        stamp, freed_at = ledger.stamp, ledger.freed_at
+        stamp, freed_at = (self.ledger(None).stamp, self.ledger(None).freed_at) if fast else (
+            None, None)
         stats = self.stats
         history = self.history
         depth = self._depth
@@ -394,8 +394,8 @@ class Guard:
         lock = self._lock
         owned = lock._is_owned
         fast = self._fast_eligible()
-        ledger = self.ledger(None)
-        stamp, origin = ledger.stamp, ledger.origin
+        stamp, origin = (self.ledger(None).stamp, self.ledger(None).origin) if fast else (
+            None, None)
         stats = self.stats
         history = self.history
         depth = self._depth
@@ -481,6 +481,8 @@ class Guard:
         return None if value is _MISSING else _pool_key(value)
 
     def _free_slow(self, original, args, kwargs, value):
+        if value is _MISSING:  # no ids at all: the allocator's own TypeError says it best
+            return original(*args, **kwargs)
         site = _capture(2, self._depth)
         try:
             plan = self._plan_release(self.spec.free, args, kwargs, value, "free()", site)

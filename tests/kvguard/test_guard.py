@@ -420,3 +420,42 @@ def test_violation_report_is_json_ready(alloc):
     assert again.kind == "duplicate-id" and again.block_ids == (ids[0],)
     assert again.summary() == info.value.violation.summary()
     assert again.render().splitlines()[-1] == info.value.violation.render().splitlines()[-1]
+
+
+def test_a_call_without_ids_gets_the_allocators_own_type_error():
+    a = LinkedFreeList(2)
+    g = kvguard.guard(a, LINKED_FREE_LIST_SPEC)
+    with pytest.raises(TypeError):
+        a.free()
+    assert g.violations == []
+
+
+def test_sub_pools_have_their_own_ledgers():
+    class Grouped:
+        """DeepSpeed's BlockedKVCache shape: one free list per cache group."""
+
+        def __init__(self):
+            self.groups = [LinkedFreeList(4), LinkedFreeList(4)]
+
+        def reserve(self, n, cache_group=0):
+            return self.groups[cache_group].allocate(n)
+
+        def free(self, blocks, cache_group=0):
+            self.groups[cache_group].free(blocks)
+
+        def free_blocks(self):
+            return [g.free_blocks for g in self.groups]
+    c = Grouped()
+    g = kvguard.guard(c, kvguard.AllocatorSpec(alloc="reserve", pool_arg="cache_group",
+                                               size=lambda c: [4, 4], free_count="free_blocks"))
+    a0 = c.reserve(2)
+    a1 = c.reserve(2, cache_group=1)
+    assert a0 == a1 == [0, 1], "the same ids in two groups are two different blocks"
+    c.free(a0)
+    with pytest.raises(kvguard.DoubleFreeError) as info:
+        c.free(a0, 0)
+    assert info.value.violation.pool == 0
+    c.free([1], cache_group=1)
+    assert set(g.live) == {(1, 0)}
+    assert g.check() == {0: (0, 0), 1: (-1, -1)}
+    assert None not in g._ledgers

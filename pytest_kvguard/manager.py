@@ -1,0 +1,335 @@
+"""The plugin's one object, registered only when kvguard is switched on.
+
+It instruments the run (``kvguard.instrument()``), hears every violation through
+``kvguard.subscribe()``, and attributes it to where the run is: a test's setup, call or
+teardown, a fixture wider than one test, or collection. A test's violations that nothing
+expected fail that phase's report in a ``pytest_runtest_makereport`` wrapper, also when the
+code under test caught the exception or the guard only logged. Blocks are handed out under an
+owner label per phase (``kvguard.owner``), which is how the teardown finds what a test leaked.
+What happened travels on the reports (``report.kvguard``, ``user_properties``), so the summary
+and the JSON report are built the same way alone and on the xdist controller.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import kvguard
+from kvguard import registry
+
+from . import results
+from .expect import Expectation, RaisesHook
+from .frames import hide_machinery, show_machinery, trim_violation
+from .markers import TestSettings, settings_for
+from .tracking import Tracker
+
+
+class KVGuardLeakWarning(pytest.PytestWarning):
+    """Blocks a test handed out and never freed (``--kvguard-leaks=warn``)."""
+
+
+class Record:
+    """One violation heard during a test."""
+
+    __slots__ = ("violation", "when", "mode")
+
+    def __init__(self, violation, when, mode) -> None:
+        self.violation = violation
+        self.when = when
+        self.mode = mode
+
+
+class TestState:
+    """What the manager knows about the running test."""
+
+    __test__ = False
+
+    def __init__(self, item, settings: TestSettings) -> None:
+        self.item = item
+        self.nodeid = item.nodeid
+        self.labels = (f"{item.nodeid} (setup)", item.nodeid, f"{item.nodeid} (teardown)")
+        """Owner labels of the blocks handed out in each phase; the call phase's is the bare
+        node id, which reports show and ``assert_no_leaks()`` checks."""
+        self.settings = settings
+        self.records: list[Record] = []
+        self.expectations: list[Expectation] = []
+        self.failed = False
+        self.fixture = None
+        self.marker_error = None
+
+
+class Manager:
+    def __init__(self, config: pytest.Config, settings) -> None:
+        self.config = config
+        self.settings = settings
+        self.tracker = Tracker()
+        self.results = results.Results()
+        self.worker = getattr(config, "workerinput", {}).get("workerid")
+        self._state: TestState | None = None
+        self._phase: str | None = None
+        self._where = "start of the session"
+        """Where a violation outside any test happened."""
+        self._fixtures: list = []
+        """Stack of ``(fixturedef, label, owner context)`` of wider-than-a-test fixtures
+        being set up or torn down."""
+        self._outside: list = []
+        self._unsubscribe = None
+        self._raises = RaisesHook(self._caught)
+        self._registered: list = []
+        self._guard_options = {"on_violation": settings.mode, "stacks": settings.stacks}
+        self._hidden: list = []
+
+    # --- session ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        before = registry.registered()
+        for name, spec in self.settings.allocators:
+            self._registered.append((name, before.get(name)))
+            kvguard.register(name, spec)
+        self._unsubscribe = kvguard.subscribe(self._heard)
+        self._raises.install()
+        self._hidden = hide_machinery()
+        self.tracker.install()
+        kvguard.instrument(**self._guard_options)
+
+    def pytest_unconfigure(self, config) -> None:
+        kvguard.uninstrument()
+        self.tracker.uninstall()
+        self._raises.uninstall()
+        show_machinery(self._hidden)
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+        for name, previous in reversed(self._registered):
+            kvguard.unregister(name)
+            if previous is not None:
+                kvguard.register(name, previous)
+
+    def pytest_report_header(self, config) -> str:
+        s = self.settings
+        return (f"kvguard: on (mode={s.mode}, stacks={s.stacks}, leaks={s.leaks}), "
+                f"{len(registry.registered())} allocator classes registered")
+
+    # --- hearing violations ----------------------------------------------------------------
+
+    def _heard(self, guard, violation) -> None:
+        """Every violation of every guard lands here, in the thread that made it."""
+        trim_violation(violation)
+        if self._fixtures:
+            self._outside.append((self._fixtures[-1][1], violation))
+            return
+        state, phase = self._state, self._phase
+        if state is not None and phase is not None:
+            if not state.settings.off:
+                state.records.append(Record(violation, phase, guard.mode))
+            return
+        self._outside.append((self._where, violation))
+
+    def _caught(self, violation) -> None:
+        """A raises context caught this violation's exception: it, and the violations the same
+        call reported with it, were expected."""
+        violation.expected = True
+        also = violation.extra.get("also")
+        state = self._state
+        if also and state is not None:
+            for record in state.records:
+                other = record.violation
+                if (other is not violation and other.allocator_address
+                        == violation.allocator_address and other.headline() in also):
+                    other.expected = True
+
+    # --- where the run is ------------------------------------------------------------------
+
+    def _begin(self, item) -> TestState:
+        self.tracker.note()
+        state = self._state = TestState(item, TestSettings(self.settings.leaks))
+        try:
+            state.settings = settings_for(item, self.settings.leaks)
+        except pytest.fail.Exception as exc:
+            state.marker_error = exc  # raised once the setup ran, so teardown finds it sane
+        if state.settings.off:
+            kvguard.uninstrument()
+        return state
+
+    def _end(self, state: TestState) -> None:
+        if state.settings.off:
+            kvguard.instrument(**self._guard_options)
+        if state.fixture is not None:
+            state.fixture.close()
+        self._state = None
+        self._where = f"between tests, after {state.nodeid}"
+        self.tracker.end_test()
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_setup(self, item):
+        state = self._state
+        if state is None or state.item is not item:
+            state = self._begin(item)
+        self._phase = "setup"
+        try:
+            with kvguard.owner(state.labels[0]):
+                result = yield
+        finally:
+            self._phase = None
+        if state.marker_error is not None:
+            raise state.marker_error
+        return result
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_call(self, item):
+        state = self._state
+        self._phase = "call"
+        try:
+            with kvguard.owner(state.labels[1] if state is not None else None):
+                return (yield)
+        finally:
+            self._phase = None
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_teardown(self, item, nextitem):
+        state = self._state
+        self._phase = "teardown"
+        try:
+            with kvguard.owner(state.labels[2] if state is not None else None):
+                return (yield)
+        finally:
+            self._phase = None
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        try:
+            return (yield)
+        finally:
+            if self._state is not None and self._state.item is item:
+                self._end(self._state)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(self, fixturedef, request):
+        if fixturedef.scope == "function":
+            return (yield)
+        label = f"{fixturedef.scope}-scoped fixture {fixturedef.argname!r}"
+        context = kvguard.owner(label)
+        self._fixtures.append((fixturedef, f"setup of {label}", context))
+        try:
+            with context:
+                return (yield)
+        finally:
+            self._fixtures.pop()
+            fixturedef.addfinalizer(lambda: self._fixture_teardown(fixturedef, label))
+
+    def _fixture_teardown(self, fixturedef, label) -> None:
+        # Finalizers run last-in first-out: this one runs before the fixture's own teardown,
+        # and pytest_fixture_post_finalizer closes the span after it.
+        context = kvguard.owner(label)
+        context.__enter__()
+        self._fixtures.append((fixturedef, f"teardown of {label}", context))
+
+    def pytest_fixture_post_finalizer(self, fixturedef, request) -> None:
+        if self._fixtures and self._fixtures[-1][0] is fixturedef:
+            _, _, context = self._fixtures.pop()
+            context.__exit__(None, None, None)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_make_collect_report(self, collector):
+        previous, self._where = self._where, f"collection of {collector.nodeid or 'the session'}"
+        try:
+            return (yield)
+        finally:
+            self._where = previous
+
+    # --- verdicts --------------------------------------------------------------------------
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        if call.excinfo is not None and isinstance(call.excinfo.value, kvguard.KVGuardError):
+            self._hidden += hide_machinery()  # modules imported since the start
+        report = yield
+        state = self._state
+        if state is None or state.item is not item:
+            return report
+        when = call.when
+        records = [r for r in state.records if r.when == when]
+        for expectation in state.expectations:
+            if not expectation.scoped:
+                expectation.claim(records)
+        problems = []
+        if when != "setup" and not state.failed:
+            problems += self._unmet(state, when)
+        leaks = []
+        if when == "teardown":
+            leaks = self._leaks(state)
+        if records or problems or leaks:
+            results.judge(report, call, records, problems, leaks,
+                          state.settings.leaks if leaks else None)
+        if report.failed:
+            state.failed = True
+        if when == "teardown":
+            results.add_properties(item, report, state.records, leaks)
+            if leaks and state.settings.leaks == "warn":
+                item.warn(KVGuardLeakWarning(results.leak_warning(leaks)))
+        return report
+
+    def _unmet(self, state: TestState, when: str) -> list[str]:
+        out = []
+        for expectation in state.expectations:
+            if not expectation.scoped and not expectation.met and not expectation.reported:
+                expectation.reported = True
+                out.append(f"kvguard.expect({expectation.kind!r}): no {expectation.kind} "
+                           "violation happened in this test")
+        return out
+
+    def _leaks(self, state: TestState) -> list:
+        if state.settings.off or state.settings.leaks == "off" or state.failed:
+            self.tracker.leaks((), state.nodeid)  # moves the scan marks on all the same
+            return []
+        return [trim_violation(v) for v in self.tracker.leaks(state.labels, state.nodeid)]
+
+    def pytest_runtest_logreport(self, report) -> None:
+        self.results.add_report(report)
+
+    # --- the fixture -----------------------------------------------------------------------
+
+    def fixture(self, item):
+        from .fixture import KVGuardFixture
+
+        state = self._state
+        if state is None or state.item is not item:
+            raise RuntimeError("the kvguard fixture was requested outside a running test")
+        if state.fixture is None:
+            state.fixture = KVGuardFixture(self, state)
+        return state.fixture
+
+    def expect(self, state: TestState, kind) -> Expectation:
+        expectation = Expectation(state, kind)
+        state.expectations.append(expectation)
+        return expectation
+
+    # --- the end ---------------------------------------------------------------------------
+
+    def _outside_entries(self) -> list[dict]:
+        return [results.outside_entry(where, v, self.worker) for where, v in self._outside]
+
+    def pytest_sessionfinish(self, session, exitstatus) -> None:
+        self.tracker.end_test()
+        if self.worker is not None:
+            self.config.workeroutput["kvguard"] = {
+                "outside": self._outside_entries(),
+                "allocators": self.tracker.counters(),
+            }
+            return
+        self.results.add_outside(self._outside_entries())
+        self.results.add_counters(self.tracker.counters())
+        if self.results.outside_unexpected() and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if self.settings.report:
+            self.results.write_json(self.settings.report, self.settings)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error) -> None:
+        data = getattr(node, "workeroutput", {}).get("kvguard")
+        if data:
+            self.results.add_outside(data.get("outside", ()))
+            self.results.add_counters(data.get("allocators", {}))
+
+    def pytest_terminal_summary(self, terminalreporter, exitstatus, config) -> None:
+        if self.worker is None:
+            self.results.summary(terminalreporter, self.settings)

@@ -1,0 +1,55 @@
+"""``@pytest.mark.kvguard(...)``: per-test settings, on a test, a class or a module.
+
+    @pytest.mark.kvguard(leaks="fail")   # this test's leaks fail it (or "warn", "off")
+    @pytest.mark.kvguard(off=True)       # kvguard leaves this test alone
+
+Several markers merge, the closest to the test winning keyword by keyword, so a module can say
+``pytestmark = pytest.mark.kvguard(leaks="fail")`` and one test in it ``leaks="off"``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from .options import LEAKS
+
+MARKER = "kvguard"
+MARKER_HELP = (
+    "kvguard(leaks='warn'|'fail'|'off', off=False): kvguard settings for a test: what its "
+    "leaked blocks do, or off=True to leave it unguarded (allocators it creates are not "
+    "guarded and violations are not held against it)"
+)
+
+
+@dataclass(frozen=True)
+class TestSettings:
+    __test__ = False  # not a test class, whatever pytest's python_classes say
+
+    leaks: str
+    off: bool = False
+
+
+def settings_for(item: pytest.Item, leaks: str) -> TestSettings:
+    """The item's settings; a malformed marker fails the test's setup with one line."""
+    merged: dict = {}
+    for mark in item.iter_markers(MARKER):  # closest first
+        if mark.args:
+            _fail(item, f"takes keywords only (leaks=..., off=...), not {mark.args!r}")
+        for key, value in mark.kwargs.items():
+            merged.setdefault(key, value)
+    unknown = set(merged) - {"leaks", "off"}
+    if unknown:
+        _fail(item, f"unknown keyword(s) {', '.join(sorted(unknown))}: it takes leaks= and off=")
+    leaks = merged.get("leaks", leaks)
+    if leaks not in LEAKS:
+        _fail(item, f"leaks={leaks!r}: choose one of {', '.join(map(repr, LEAKS))}")
+    off = merged.get("off", False)
+    if not isinstance(off, bool):
+        _fail(item, f"off={off!r}: use off=True or off=False")
+    return TestSettings(leaks, off)
+
+
+def _fail(item: pytest.Item, why: str):
+    pytest.fail(f"@pytest.mark.kvguard on {item.nodeid}: {why}", pytrace=False)

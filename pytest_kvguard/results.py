@@ -1,0 +1,296 @@
+"""Verdicts on reports, and the run's results: terminal summary and JSON report.
+
+Everything the summary shows comes off the test reports (``report.kvguard``, a JSON-ready dict,
+and the ``kvguard_violations`` / ``kvguard_leaks`` user properties) plus what each process
+adds at its end (violations outside any test, counters per allocator class). pytest-xdist
+carries both to its controller (reports as they come, the rest in ``workeroutput``), so a run
+with ``-n 2`` sums up exactly as a run without.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+
+from kvguard.report import Violation
+
+from .expect import kvguard_errors
+
+MAX_LISTED = 40
+"""Tests listed by name in the terminal summary; the JSON report has them all."""
+
+_REASONS = {
+    "raise": "raised into the code under test, which caught it",
+    "log": "recorded in log mode, the call went through",
+    "repair": "recorded in repair mode, a sanitized call went through",
+}
+
+
+class _Crash:
+    """The one line pytest's short summary and junitxml's message attribute show."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+        self.path = ""
+        self.lineno = 0
+
+
+class KVGuardRepr:
+    """A report's failure text: kvguard's own reports, not a Python traceback."""
+
+    def __init__(self, text: str, message: str) -> None:
+        self.text = text
+        self.reprcrash = _Crash(message)
+
+    def toterminal(self, tw) -> None:
+        for line in self.text.splitlines():
+            tw.line(line, red=line.startswith("==") or line.startswith("SUMMARY:"),
+                    bold=line.startswith("kvguard:"))
+
+    def __str__(self) -> str:
+        return self.text
+
+
+# --- on each report -------------------------------------------------------------------------
+
+
+def judge(report, call, records, problems, leaks, leak_mode) -> None:
+    """Put this phase's findings on its report; fail it if something unexpected happened.
+
+    A report that passed becomes failed with kvguard's reports as its text; one that failed or
+    was skipped already keeps its own text, and gets what it does not show yet in a
+    ``kvguard`` section."""
+    report.kvguard = {
+        "violations": [dict(r.violation.to_dict(), when=r.when) for r in records],
+        "leaks": [dict(v.to_dict(), when="teardown", mode=leak_mode) for v in leaks],
+    }
+    unexpected = [r for r in records if not r.violation.expected]
+    failing = list(leaks) if leak_mode == "fail" else []
+    if not (unexpected or problems or failing):
+        return
+    report.kvguard["failed"] = True
+    shown = set()
+    if call.excinfo is not None:
+        shown = {id(e.violation) for e in kvguard_errors(call.excinfo.value)}
+    violations = [r.violation for r in unexpected] + failing
+    first = f"kvguard: {violations[0].headline()}" if violations else problems[0]
+    more = len(violations) + len(problems) - 1
+    first += f" (and {more} more)" if more > 0 else ""
+    parts = []
+    if unexpected:
+        modes = sorted({r.mode for r in unexpected if id(r.violation) not in shown})
+        why = "; ".join(_REASONS.get(m, m) for m in modes)
+        n = len(unexpected)
+        parts.append(
+            f"{n} violation{'s' if n > 1 else ''} in the {call.when} phase of this test"
+            + (f" ({why})" if why else "")
+            + ". A misuse the test means to cause is marked expected by "
+              "pytest.raises(kvguard.KVGuardError) or the kvguard fixture's expect(kind).")
+    parts += [p for p in problems if p != first]
+    if failing:
+        blocks = sum(len(v.block_ids) for v in failing)
+        parts.append(f"This test leaked {blocks} block(s) (--kvguard-leaks=fail).")
+    lines = [summary_line(v.to_dict()) for v in violations] + problems
+    if report.passed:
+        report.outcome = "failed"
+        text = "\n".join([first, *parts]) + "".join("\n\n" + v.render() for v in violations)
+        report.longrepr = KVGuardRepr(text, first)
+        report.sections.append(("kvguard", "\n".join(lines)))
+    else:
+        unseen = [v for v in violations if id(v) not in shown]
+        body = "\n".join(parts) + "".join("\n\n" + v.render() for v in unseen)
+        report.sections.append(("kvguard", body if unseen else "\n".join(lines)))
+
+
+def add_properties(item, report, records, leaks) -> None:
+    """The test's totals as user properties: junitxml writes them as ``<property>``, and they
+    reach the xdist controller with the report."""
+    props = []
+    unexpected = sum(1 for r in records if not r.violation.expected)
+    if unexpected:
+        props.append(("kvguard_violations", unexpected))
+    if leaks:
+        props.append(("kvguard_leaks", sum(len(v.block_ids) for v in leaks)))
+    for prop in props:
+        item.user_properties.append(prop)
+        report.user_properties.append(prop)
+
+
+def leak_warning(leaks) -> str:
+    parts = []
+    for v in leaks:
+        frames = v.to_dict()["call_stack"]
+        at = f", handed out at {_where(frames[0])}" if frames else ""
+        parts.append(f"{len(v.block_ids)} block(s) of {v.allocator_name}{at}")
+    return ("kvguard: this test never freed " + "; ".join(parts)
+            + " (--kvguard-leaks=fail to fail it, off to ignore)")
+
+
+def outside_entry(where: str, violation: Violation, worker) -> dict:
+    return dict(violation.to_dict(), where=where, worker=worker)
+
+
+def summary_line(v: dict) -> str:
+    """``duplicate-id of block 0 on LinkedFreeList#2 at test_x.py:12 in test_free``."""
+    ids = v.get("block_ids") or []
+    of = (f" of block {ids[0]}" if len(ids) == 1 else f" of {len(ids)} blocks" if ids else "")
+    at = f" at {_where(v['call_stack'][0])}" if v.get("call_stack") else ""
+    return f"{v['kind']}{of} on {v['allocator']['name']}{at}"
+
+
+def _where(frame: dict) -> str:
+    return f"{frame['file']}:{frame['line']} in {frame['function']}"
+
+
+# --- the run --------------------------------------------------------------------------------
+
+
+class Results:
+    """What the whole run found, gathered from reports and process ends."""
+
+    def __init__(self) -> None:
+        self.violations: list[dict] = []
+        self.leaks: list[dict] = []
+        self.failed: dict[str, set] = {}
+        self.outside: dict[tuple, dict] = {}
+        self.allocators: dict[str, dict] = {}
+
+    def add_report(self, report) -> None:
+        payload = getattr(report, "kvguard", None)
+        if not payload:
+            return
+        for v in payload.get("violations", ()):
+            self.violations.append(dict(v, nodeid=report.nodeid))
+        for v in payload.get("leaks", ()):
+            self.leaks.append(dict(v, nodeid=report.nodeid))
+        if payload.get("failed"):
+            self.failed.setdefault(report.nodeid, set()).add(report.when)
+
+    def add_outside(self, entries) -> None:
+        """Workers each collect the same modules: one misuse at import time arrives once
+        per worker, and is shown once."""
+        for entry in entries:
+            key = (entry.get("where"), entry["kind"], tuple(entry.get("block_ids", ())),
+                   entry.get("summary"))
+            kept = self.outside.setdefault(key, dict(entry, workers=[]))
+            if entry.get("worker") is not None:
+                kept["workers"].append(entry["worker"])
+
+    def add_counters(self, table: dict) -> None:
+        for cls, entry in table.items():
+            mine = self.allocators.setdefault(cls, {"violations": {}})
+            for name, value in entry.items():
+                if name == "violations":
+                    for kind, n in value.items():
+                        mine["violations"][kind] = mine["violations"].get(kind, 0) + n
+                else:
+                    mine[name] = mine.get(name, 0) + value
+
+    def outside_unexpected(self) -> list[dict]:
+        return [e for e in self.outside.values() if not e.get("expected")]
+
+    def _totals(self) -> dict:
+        unexpected = [v for v in self.violations if not v.get("expected")]
+        return {
+            "allocators_guarded": sum(e.get("guards", 0) for e in self.allocators.values()),
+            "alloc_calls": sum(e.get("alloc_calls", 0) for e in self.allocators.values()),
+            "free_calls": sum(e.get("free_calls", 0) for e in self.allocators.values()),
+            "share_calls": sum(e.get("share_calls", 0) for e in self.allocators.values()),
+            "internal_errors": sum(e.get("internal_errors", 0)
+                                   for e in self.allocators.values()),
+            "violations": len(unexpected) + len(self.outside_unexpected()),
+            "violations_by_kind": dict(Counter(v["kind"] for v in unexpected)
+                                       + Counter(v["kind"] for v in self.outside_unexpected())),
+            "expected_violations": len(self.violations) - len(unexpected),
+            "tests_with_violations": len({v["nodeid"] for v in unexpected}),
+            "leaked_blocks": sum(len(v["block_ids"]) for v in self.leaks),
+            "tests_with_leaks": len({v["nodeid"] for v in self.leaks}),
+            "tests_failed_by_kvguard": sorted(self.failed),
+        }
+
+    def write_json(self, path: str, settings) -> None:
+        from kvguard import __version__
+
+        data = {
+            "kvguard": __version__,
+            "settings": {"mode": settings.mode, "stacks": settings.stacks,
+                         "leaks": settings.leaks},
+            "summary": self._totals(),
+            "allocators": self.allocators,
+            "violations": self.violations,
+            "leaks": self.leaks,
+            "outside": list(self.outside.values()),
+        }
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1, default=repr)
+        os.replace(tmp, path)
+
+    def summary(self, tr, settings) -> None:
+        t = self._totals()
+        n_guards = t["allocators_guarded"]
+        classes = ", ".join(f"{e.get('guards', 0)} {cls.rpartition('.')[2]}"
+                            for cls, e in sorted(self.allocators.items()) if e.get("guards"))
+        head = (f"kvguard: {n_guards} allocator{'s' if n_guards != 1 else ''} guarded"
+                + (f" ({classes})" if classes else "")
+                + f", {t['alloc_calls']} alloc / {t['free_calls']} free calls")
+        expected = t["expected_violations"]
+        clean = not (t["violations"] or self.leaks or t["internal_errors"])
+        if clean:
+            tail = ": no violations, no leaks"
+            if expected:
+                tail += f" ({expected} expected violation{'s' if expected > 1 else ''})"
+            tr.write_line(head + tail)
+            if settings.report:
+                tr.write_line(f"kvguard: JSON report written to {settings.report}")
+            return
+        tr.write_sep("=", "kvguard")
+        tr.write_line(head)
+        for cls, e in sorted(self.allocators.items()):
+            kinds_ = ", ".join(f"{k} {n}" for k, n in sorted(e.get("violations", {}).items()))
+            tr.write_line(f"  {cls}: {e.get('guards', 0)} guarded, {e.get('alloc_calls', 0)} "
+                          f"alloc / {e.get('free_calls', 0)} free / {e.get('share_calls', 0)} "
+                          f"share calls" + (f"; violations: {kinds_}" if kinds_ else ""))
+        unexpected = [v for v in self.violations if not v.get("expected")]
+        if t["violations"]:
+            by_kind = ", ".join(f"{k} {n}" for k, n in sorted(t["violations_by_kind"].items()))
+            where = []
+            if t["tests_with_violations"]:
+                where.append(f"in {t['tests_with_violations']} test(s)")
+            if self.outside_unexpected():
+                where.append(f"{len(self.outside_unexpected())} outside any test")
+            tr.write_line(f"violations: {t['violations']} ({by_kind}), {', '.join(where)}"
+                          + (f"; {expected} more were expected" if expected else ""),
+                          red=True, bold=True)
+            for v in unexpected[:MAX_LISTED]:
+                tr.write_line(f"  {v['nodeid']} [{v['when']}]: {summary_line(v)}")
+            if len(unexpected) > MAX_LISTED:
+                tr.write_line(f"  ... and {len(unexpected) - MAX_LISTED} more "
+                              "(--kvguard-report=PATH lists them all)")
+        if self.leaks:
+            modes = sorted({v.get("mode") for v in self.leaks})
+            tr.write_line(f"leaks ({', '.join(modes)}): {t['leaked_blocks']} block(s) in "
+                          f"{t['tests_with_leaks']} test(s) still live after teardown",
+                          yellow="fail" not in modes, red="fail" in modes)
+            for v in self.leaks[:MAX_LISTED]:
+                at = f" handed out at {_where(v['call_stack'][0])}" if v["call_stack"] else ""
+                tr.write_line(f"  {v['nodeid']}: {len(v['block_ids'])} block(s) of "
+                              f"{v['allocator']['name']}{at}")
+            if len(self.leaks) > MAX_LISTED:
+                tr.write_line(f"  ... and {len(self.leaks) - MAX_LISTED} more")
+        outside = self.outside_unexpected()
+        if outside:
+            tr.write_line(f"outside any test: {len(outside)} violation(s); they fail the run",
+                          red=True, bold=True)
+            for entry in outside:
+                workers = f" (workers {', '.join(entry['workers'])})" if entry["workers"] else ""
+                tr.write_line(f"\nduring {entry['where']}{workers}:")
+                for line in Violation.from_dict(entry).render().splitlines():
+                    tr.write_line(line)
+        if t["internal_errors"]:
+            tr.write_line(f"kvguard: {t['internal_errors']} internal error(s) in the guards: "
+                          "those calls went through unchecked (see the 'kvguard' log)",
+                          red=True)
+        if settings.report:
+            tr.write_line(f"kvguard: JSON report written to {settings.report}")

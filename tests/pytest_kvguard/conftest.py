@@ -1,0 +1,59 @@
+"""pytester runs of the plugin, in this process unless a test needs a fresh interpreter.
+
+Modules a pytester run imports are dropped from ``sys.modules`` afterwards; numpy, torch-free
+kvguard and its examples are imported here first, so they are loaded once and stay loaded.
+Every test checks that the run it made left kvguard as it found it: the registry, the
+subscribers, instrumentation, the raises contexts and the gc hook.
+"""
+
+import gc
+import importlib
+import textwrap
+
+import numpy  # noqa: F401  (the ledger scans with it; a second import of numpy warns)
+import pytest
+from _pytest import raises as pytest_raises
+
+import kvguard
+import kvguard.examples  # noqa: F401
+from kvguard import registry
+
+guard_module = importlib.import_module("kvguard.guard")
+
+# pytest_plugins = ["pytester"] is in tests/conftest.py: pytest refuses it in a nested conftest.
+
+CONFTEST = """
+import kvguard
+from kvguard.examples import LINKED_FREE_LIST_SPEC, REFCOUNTED_POOL_SPEC
+
+kvguard.register("kvguard.examples.LinkedFreeList", LINKED_FREE_LIST_SPEC)
+kvguard.register("kvguard.examples.RefcountedPool", REFCOUNTED_POOL_SPEC)
+"""
+
+
+@pytest.fixture(autouse=True)
+def _run_leaves_kvguard_as_it_was():
+    specs = dict(registry._specs)
+    subscribers = list(guard_module._subscribers)
+    callbacks = list(gc.callbacks)
+    exits = {cls: cls.__dict__["__exit__"] for cls in (pytest_raises.RaisesExc,
+                                                       pytest_raises.RaisesGroup)}
+    yield
+    registry._specs.clear()
+    registry._specs.update(specs)
+    assert not registry.instrumented(), "the run left instrumentation on"
+    assert guard_module._subscribers == subscribers, "the run left a subscriber"
+    assert gc.callbacks == callbacks, "the run left a gc callback"
+    for cls, exit_ in exits.items():
+        assert cls.__dict__["__exit__"] is exit_, f"the run left {cls.__name__} patched"
+
+
+@pytest.fixture
+def suite(pytester):
+    """A pytester directory whose conftest registers the example allocators."""
+    pytester.makeconftest(CONFTEST)
+    return pytester
+
+
+def write(pytester, source: str, name: str = "test_suite"):
+    return pytester.makepyfile(**{name: textwrap.dedent(source)})

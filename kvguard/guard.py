@@ -17,6 +17,7 @@ import collections
 import inspect
 import itertools
 import logging
+import random
 import threading
 import weakref
 from collections import Counter, deque
@@ -147,7 +148,7 @@ class Guard:
     def __init__(self, allocator, spec: AllocatorSpec, *, on_violation: str = "raise",
                  stacks: str = "cheap", name: str | None = None, history: int = 32,
                  max_violations: int = 10_000, learn: bool | None = None,
-                 log_every: int = 100) -> None:
+                 log_every: int = 100, sample: int = 1) -> None:
         if on_violation not in MODES:
             raise ValueError(f"on_violation must be one of {', '.join(MODES)}, "
                              f"not {on_violation!r}")
@@ -155,10 +156,15 @@ class Guard:
             raise ValueError(f"stacks must be one of {', '.join(DEPTH)}, not {stacks!r}")
         if not isinstance(spec, AllocatorSpec):
             raise TypeError(f"spec must be a kvguard.AllocatorSpec, not {type(spec).__name__}")
+        if isinstance(sample, bool) or not isinstance(sample, int) or sample < 1:
+            raise ValueError(f"sample must be an int >= 1 (stacks of one call in N), "
+                             f"not {sample!r}")
         self.spec = spec
         self.mode = on_violation
         self.stacks = stacks
         self._depth = DEPTH[stacks]
+        self.sample = sample
+        self._capture = _capture if sample == 1 else _sampled_capture(sample)
         cls = type(allocator)
         self.allocator_class = f"{cls.__module__}.{cls.__qualname__}"
         _serials[cls] += 1
@@ -232,9 +238,13 @@ class Guard:
             for pool, ids in pools:
                 self.ledger(pool).adopt(result_ids(ids, spec.id_attr, spec.skip).ids, 1)
             self._learn = False if self._learn is None else self._learn
+            # Blocks freed before the guard came may sit in a prefix cache, revivable by a
+            # share: no spec can list those, so a refcounted pool learns them on their share.
+            self._learn_shares = spec.refcounted
             return
         if self._learn is None:
             self._learn = self._blocks_out(allocator)
+        self._learn_shares = spec.refcounted and bool(self._learn)
         for ledger in self._ledgers.values():
             ledger.learn = self._learn
 
@@ -347,7 +357,7 @@ class Guard:
         stats = self.stats
         history = self.history
         depth = self._depth
-        capture = _capture
+        capture = self._capture
         tick = self._tick
 
         def free(*args, **kwargs):
@@ -371,7 +381,10 @@ class Guard:
                         else:
                             n = len(ids)
                             if n < 2 or len(set(ids)) == n:
-                                site = capture(1, depth) if depth else 0
+                                try:
+                                    site = capture(1, depth) if depth else 0
+                                except Exception as exc:
+                                    site = guard._site_failed(exc)
                                 result = original(*args, **kwargs)
                                 clock = tick()
                                 for b in ids:
@@ -399,7 +412,7 @@ class Guard:
         stats = self.stats
         history = self.history
         depth = self._depth
-        capture = _capture
+        capture = self._capture
         owner_var = _current_owner.get
         tick = self._tick
 
@@ -420,7 +433,10 @@ class Guard:
                         n = len(ids)
                         if n < 2 or len(set(ids)) == n:
                             who = owner_var()
-                            site = capture(1, depth, who) if depth or who else 0
+                            try:
+                                site = capture(1, depth, who) if depth or who else 0
+                            except Exception as exc:
+                                site = guard._site_failed(exc)
                             clock = tick()
                             for b in ids:
                                 stamp[b] = clock
@@ -430,7 +446,10 @@ class Guard:
                             if history is not None:
                                 history.append((clock, ids, site))
                             return result
-                site = capture(1, depth, owner_var())
+                try:
+                    site = capture(1, depth, owner_var())
+                except Exception as exc:
+                    site = guard._site_failed(exc)
                 guard._protect(guard._after_alloc, args, kwargs, result, site)
                 return result
 
@@ -467,6 +486,15 @@ class Guard:
             self._internal_error(exc)
             return None
 
+    def _site_failed(self, exc: BaseException) -> int:
+        """A call site could not be captured: raise mode shows the guard's bug; log and repair
+        go on with an unknown site, so the call (already forwarded, for an allocation) and its
+        bookkeeping complete."""
+        if self.mode == "raise":
+            raise exc
+        self._internal_error(exc)
+        return 0
+
     def _internal_error(self, exc: BaseException) -> None:
         self.stats.internal_errors += 1
         if self.stats.internal_errors == 1:
@@ -483,8 +511,8 @@ class Guard:
     def _free_slow(self, original, args, kwargs, value):
         if value is _MISSING:  # no ids at all: the allocator's own TypeError says it best
             return original(*args, **kwargs)
-        site = _capture(2, self._depth)
         try:
+            site = self._capture(2, self._depth)
             plan = self._plan_release(self.spec.free, args, kwargs, value, "free()", site)
         except Exception as exc:
             if self.mode == "raise":
@@ -523,9 +551,10 @@ class Guard:
             if not ledger.in_range(b):
                 out_of_range.append(b)
             elif b >= len(stamp) or stamp[b] == 0:
-                (learned if ledger.learn and not is_share else foreign).append(b)
+                (learned if (self._learn_shares if is_share else ledger.learn)
+                 else foreign).append(b)
             elif stamp[b] < 0 and not is_share:
-                double.append(b)
+                (learned if b in ledger.uncertain else double).append(b)
             else:
                 good.append(b)
         if out_of_range:
@@ -616,12 +645,16 @@ class Guard:
             for watcher in self._watchers:
                 watcher.on_free(self, plan.pool, dropping)
         if self.history is not None:
-            self.history.append((clock if op == "share" else -clock, ids, site, plan.pool, op))
+            # The flight recorder keeps what the allocator received (log mode forwards a faulty
+            # call untouched), so `kvguard replay` can find where the allocator went wrong.
+            received = plan.norm.ids if plan.faulty and self.mode == "log" else ids
+            self.history.append((clock if op == "share" else -clock, received, site, plan.pool,
+                                 op))
 
     def _share_slow(self, original, args, kwargs):
         value = self._share_param.get(args, kwargs)
-        site = _capture(2, self._depth, _current_owner.get())  # a share hands out a reference
         try:
+            site = self._capture(2, self._depth, _current_owner.get())  # a share hands one out
             plan = self._plan_release(self.spec.share, args, kwargs, value, f"{self.spec.share}()",
                                       site)
         except Exception as exc:
@@ -652,7 +685,7 @@ class Guard:
             seen.add(b)
             if not ledger.in_range(b) or not ledger.grow(b + 1):
                 bad.append(b)
-            elif ledger.stamp[b] > 0:
+            elif ledger.stamp[b] > 0 and b not in ledger.uncertain:
                 shared.append(b)
             else:
                 fresh.append(b)
@@ -973,6 +1006,22 @@ def _pool_key(value):
     except TypeError:
         return repr(value)
     return value
+
+
+def _sampled_capture(every: int):
+    """A site capture that keeps the stack of one call in ``every`` and only the owner for the
+    rest (``sample=``; staging's ``KVGUARD_SAMPLE``). Calls are drawn at random from a private
+    generator, so a periodic workload cannot hide a call site and the program's own ``random``
+    sequence is left alone; the ledger and the counters still see every call."""
+    draw = random.Random(every).random
+    chance = 1.0 / every
+    capture = _capture
+
+    def sampled(depth, limit, owner=0):
+        if draw() < chance:
+            return capture(depth + 1, limit, owner)
+        return capture(depth + 1, 0, owner) if owner else 0
+    return sampled
 
 
 def guard(allocator, spec: AllocatorSpec | None = None, *, on_violation: str = "raise",

@@ -108,6 +108,11 @@ class Ledger:
         """Accept frees of never-seen ids as blocks handed out before the guard attached."""
         self.adopted = 0
         """Blocks made live without a hand-out the guard saw (seeded or learned)."""
+        self.uncertain: set = set()
+        """Adopted blocks of a refcounted pool: their true reference count is unknown, so
+        dropping below the ledger's count is learned rather than called a double free, and a
+        hand-out while the ledger holds them live is no ``shared-block``, until the allocator
+        hands them out again."""
 
     def __len__(self) -> int:
         return len(self.stamp)
@@ -145,6 +150,8 @@ class Ledger:
         if ref is not None:
             for b in ids:
                 ref[b] = 1
+            if self.uncertain:
+                self.uncertain.difference_update(ids)
 
     def release(self, ids, clock: int, site: int) -> int:
         """Drop one reference from each of ``ids`` (each live, each once); return blocks freed."""
@@ -183,6 +190,7 @@ class Ledger:
                 self.adopted += 1
                 if self.ref is not None:
                     self.ref[b] = 1
+                    self.uncertain.add(b)
 
     # --- queries ---
 

@@ -1,0 +1,321 @@
+"""``kvguard report DIR|FILES...``: one summary from the JSON lines of many processes.
+
+Staging writes one file per process (multi-GPU workers, Ray actors, xdist workers): a ``start``
+line, a ``violation`` line for the first occurrence of each (kind, call site) and then one per
+``KVGUARD_LOG_EVERY``, and a ``stats`` line per guard at exit. The merge counts each kind exactly
+where a process left its stats line, and otherwise from the occurrence numbers of its lines (a
+lower bound, shown as such). Bare ``Violation.to_dict()`` lines are read too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from . import kinds
+
+
+@dataclass
+class Records:
+    """Every kvguard line read, grouped by event, each tagged with its process and file."""
+
+    violations: list = field(default_factory=list)
+    stats: list = field(default_factory=list)
+    starts: list = field(default_factory=list)
+    files: list = field(default_factory=list)
+    skipped: int = 0
+    """Lines that were not kvguard records (not JSON, or another program's JSON)."""
+
+
+def collect_files(paths) -> list:
+    """The ``*.jsonl`` files under each directory (recursively) and each file given, once each,
+    in a stable order. A path that does not exist is a ``ValueError``."""
+    found, seen = [], set()
+    for path in paths:
+        if os.path.isdir(path):
+            names = []
+            for root, _dirs, files in os.walk(path):
+                names += [os.path.join(root, f) for f in files if f.endswith(".jsonl")]
+            candidates = sorted(names)
+        elif os.path.isfile(path):
+            candidates = [path]
+        else:
+            raise ValueError(f"no such file or directory: {path}")
+        for f in candidates:
+            real = os.path.realpath(f)
+            if real not in seen:
+                seen.add(real)
+                found.append(f)
+    return found
+
+
+def load(files) -> Records:
+    """Read kvguard records from JSON-lines files."""
+    records = Records(files=list(files))
+    for path in files:
+        instance: dict = {}
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    records.skipped += 1
+                    continue
+                record = _normalized(record)
+                if record is None:
+                    records.skipped += 1
+                    continue
+                who = (record.get("host", ""), record.get("pid", 0))
+                if record["event"] == "start":
+                    instance[who] = record.get("time", 0)
+                record["process"] = (*who, instance.get(who, 0), path)
+                record["file"] = path
+                getattr(records, {"start": "starts", "stats": "stats",
+                                  "violation": "violations"}[record["event"]]).append(record)
+    return records
+
+
+def _normalized(record):
+    if not isinstance(record, dict):
+        return None
+    if record.get("event") in ("start", "stats", "violation") and "kvguard" in record:
+        if record["event"] == "violation" and not isinstance(record.get("violation"), dict):
+            return None
+        return record
+    if record.get("kind") in kinds.MEANING and "summary" in record:  # a bare Violation.to_dict()
+        alloc = record.get("allocator") or {}
+        return {"kvguard": 0, "event": "violation", "time": record.get("time", 0),
+                "pid": record.get("pid", 0), "host": "", "occurrence": 1,
+                "guard": {"name": alloc.get("name", ""), "class": alloc.get("class", "")},
+                "violation": record}
+    return None
+
+
+def _site(violation: dict) -> str:
+    stack = violation.get("call_stack") or []
+    if stack:
+        top = stack[0]
+        return f"{top.get('file')}:{top.get('line')} in {top.get('function')}"
+    summary = violation.get("summary") or ""
+    where = summary.replace(f"SUMMARY: kvguard: {violation['kind']}", "").strip()
+    return where or "<no stack recorded>"
+
+
+def summarize(records: Records, top: int = 10) -> dict:
+    """The merged summary (``--format json`` prints exactly this)."""
+    occurrences: dict = defaultdict(int)   # (proc, guard, kind, site) -> highest occurrence
+    guard_info: dict = {}                  # (proc, guard) -> latest guard dict
+    stats: dict = {}                       # (proc, guard) -> stats dict
+    dropped = 0
+    first: dict = {}
+    for rec in records.violations:
+        v = rec["violation"]
+        g = rec.get("guard") or {}
+        key = (rec["process"], g.get("name", ""))
+        guard_info[key] = {**guard_info.get(key, {}), **g}
+        site = _site(v)
+        n = rec.get("occurrence", 1)
+        occurrences[(*key, v["kind"], site)] = max(occurrences[(*key, v["kind"], site)], n)
+        if v["kind"] not in first or v.get("time", 0) < first[v["kind"]]["violation"].get(
+                "time", 0):
+            first[v["kind"]] = rec
+    for rec in records.stats:
+        key = (rec["process"], (rec.get("guard") or {}).get("name", ""))
+        guard_info[key] = {**guard_info.get(key, {}), **(rec.get("guard") or {})}
+        stats[key] = rec.get("stats") or {}
+        dropped += rec.get("dropped", 0) if isinstance(rec.get("dropped"), int) else 0
+
+    # per (process, guard, kind): exact from stats where present, else the lines' lower bound
+    bound: Counter = Counter()
+    for (proc, name, kind, _site_), n in occurrences.items():
+        bound[(proc, name, kind)] += n
+    counts: Counter = Counter()
+    exact = True
+    for key in set(guard_info):
+        known = (stats.get(key) or {}).get("violations") or {}
+        kinds_here = set(known) | {k for (p, n, k) in bound if (p, n) == key}
+        for kind in kinds_here:
+            counts[(*key, kind)] = max(known.get(kind, 0), bound[(*key, kind)])
+            if key not in stats:
+                exact = False
+
+    by_kind: dict = {}
+    for (proc, name, kind), n in counts.items():
+        entry = by_kind.setdefault(kind, {"count": 0, "processes": set(),
+                                          "meaning": kinds.MEANING.get(kind, "")})
+        entry["count"] += n
+        entry["processes"].add(proc)
+    by_allocator: dict = {}
+    for key, info in guard_info.items():
+        proc, name = key
+        cls = info.get("class") or "?"
+        a = by_allocator.setdefault(cls, {
+            "guards": 0, "processes": set(), "calls": 0, "violations": Counter(),
+            "learning_guards": 0, "learned": 0, "seeded": 0, "internal_errors": 0,
+            "sample": set(), "modes": set()})
+        a["guards"] += 1
+        a["processes"].add(proc)
+        s = stats.get(key) or {}
+        a["calls"] += sum(s.get(k, 0) for k in ("alloc_calls", "free_calls", "share_calls"))
+        a["learned"] += max(s.get("learned", 0), info.get("learned", 0))
+        a["seeded"] += info.get("seeded", 0)
+        a["learning_guards"] += bool(info.get("learning"))
+        a["internal_errors"] += s.get("internal_errors", 0)
+        a["sample"].add(info.get("sample", 1))
+        if info.get("mode"):
+            a["modes"].add(info["mode"])
+        for (p, n, kind), c in counts.items():
+            if (p, n) == key:
+                a["violations"][kind] += c
+    sites: dict = {}
+    for (proc, name, kind, site), n in occurrences.items():
+        entry = sites.setdefault((kind, site), {"kind": kind, "site": site, "count": 0,
+                                                "processes": set()})
+        entry["count"] += n
+        entry["processes"].add(proc)
+    top_sites = sorted(sites.values(), key=lambda e: (-e["count"], e["kind"], e["site"]))[:top]
+
+    processes = {}
+    for rec in records.starts:
+        processes.setdefault(rec["process"], {"argv": rec.get("argv", [])})
+    for proc in {p for (p, _n) in guard_info}:
+        processes.setdefault(proc, {"argv": []})
+
+    def proc_dict(proc):
+        host, pid, _started, path = proc
+        return {"host": host, "pid": pid, "file": path, "argv": processes[proc]["argv"],
+                "violations": sum(c for (p, _n, _k), c in counts.items() if p == proc)}
+
+    return {
+        "files": records.files,
+        "processes": [proc_dict(p) for p in sorted(processes, key=lambda p: (p[0], p[1], p[2]))],
+        "violations": sum(counts.values()),
+        "exact": exact,
+        "lines": len(records.violations),
+        "skipped_lines": records.skipped,
+        "dropped_lines": dropped,
+        "by_kind": {k: {**e, "processes": len(e["processes"])}
+                    for k, e in sorted(by_kind.items(), key=lambda kv: -kv[1]["count"])},
+        "by_allocator": {c: {**a, "processes": len(a["processes"]),
+                             "violations": dict(a["violations"]), "sample": sorted(a["sample"]),
+                             "modes": sorted(a["modes"])}
+                         for c, a in sorted(by_allocator.items())},
+        "top_sites": [{**e, "processes": len(e["processes"])} for e in top_sites],
+        "first": {k: {"pid": rec.get("pid"), "host": rec.get("host", ""), "file": rec["file"],
+                      "guard": rec.get("guard") or {}, "violation": rec["violation"]}
+                  for k, rec in first.items()},
+    }
+
+
+def render(summary: dict) -> str:
+    """The summary as text: totals, per kind, per allocator, top call sites, then the first
+    report of each kind in full."""
+    from .report import Violation
+    n = summary["violations"]
+    procs = summary["processes"]
+    bad = sum(1 for p in procs if p["violations"])
+    hosts = sorted({p["host"] for p in procs if p["host"]})
+    at_least = "" if summary["exact"] or not n else "at least "
+    lines = [f"kvguard report: {at_least}{n} violation(s) in {bad} of {len(procs)} process(es)"
+             f" ({len(summary['files'])} file(s){', host ' + ', '.join(hosts) if hosts else ''})"]
+    calls = sum(a["calls"] for a in summary["by_allocator"].values())
+    guards = sum(a["guards"] for a in summary["by_allocator"].values())
+    lines.append(f"guarded: {guards} allocator instance(s), {calls:,} calls checked")
+    if summary["by_kind"]:
+        lines += ["", "by kind:"]
+        width = max(map(len, summary["by_kind"]))
+        for kind, e in summary["by_kind"].items():
+            lines.append(f"  {kind:<{width}}  {e['count']:>7,}  in {e['processes']} process(es)"
+                         f"  {e['meaning']}")
+    if summary["by_allocator"]:
+        lines += ["", "by allocator:"]
+        for cls, a in summary["by_allocator"].items():
+            ranked = sorted(a["violations"].items(), key=lambda kv: -kv[1])
+            found = ", ".join(f"{k} {c:,}" for k, c in ranked)
+            lines.append(f"  {cls}: {a['guards']} instance(s) in {a['processes']} process(es), "
+                         f"{a['calls']:,} calls, mode {'/'.join(a['modes']) or '?'}: "
+                         f"{found or 'no violations'}")
+            if a["learning_guards"] or a["learned"]:
+                lines.append(f"    attached to {a['learning_guards']} allocator(s) that already "
+                             f"had blocks out: {a['learned']:,} id(s) learned lazily, on their "
+                             "first free; until then a double free or a foreign id among them "
+                             "could not be told from a block handed out before the guard came")
+            if a["seeded"]:
+                lines.append(f"    {a['seeded']:,} live id(s) seeded from the allocator at attach")
+            if a["internal_errors"]:
+                lines.append(f"    {a['internal_errors']:,} internal error(s) in the guard: those "
+                             "calls were forwarded unchecked (see the kvguard logger's output)")
+            sampled = [s for s in a["sample"] if s > 1]
+            if sampled:
+                lines.append(f"    call sites sampled 1 in {'/'.join(map(str, sampled))}: "
+                             "allocation and free stacks are missing from most reports")
+    if summary["top_sites"]:
+        lines += ["", "top call sites:"]
+        for e in summary["top_sites"]:
+            lines.append(f"  {e['count']:>7,}  {e['kind']:<17} {e['site']}  "
+                         f"({e['processes']} process(es))")
+    notes = []
+    if not summary["exact"] and n:
+        notes.append("some processes left no stats line (killed, or still running): their "
+                     "counts are the lower bound their logged occurrences give")
+    if summary["dropped_lines"]:
+        notes.append(f"{summary['dropped_lines']:,} violation line(s) not written: the file "
+                     "reached KVGUARD_LOG_MAX_MB")
+    if summary["skipped_lines"]:
+        notes.append(f"{summary['skipped_lines']:,} line(s) skipped: not kvguard records")
+    if notes:
+        lines += ["", "notes:"] + [f"  - {note}" for note in notes]
+    for kind, first in summary["first"].items():
+        v = Violation.from_dict(first["violation"])
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v.time)) if v.time else "?"
+        lines += ["", f"first {kind} (pid {first['pid']}, {when}, {first['file']}):", v.render()]
+        g = first["guard"]
+        if g.get("learning") or g.get("learned"):
+            lines.append(f"note: {g.get('name', 'this guard')} attached to an allocator with "
+                         f"blocks out and had learned {g.get('learned', 0)} id(s) lazily")
+    return "\n".join(lines)
+
+
+def _jsonable(summary: dict) -> dict:
+    return json.loads(json.dumps(summary, default=repr))
+
+
+def report_command(argv) -> int:
+    """``kvguard report``: exit 0 when no violation was found, 1 when some were."""
+    from .cli import Parser, UsageError
+    parser = Parser(prog="kvguard report", description=(
+        "Merge the JSON lines that staging (KVGUARD=1, kvguard run) wrote in many processes "
+        "into one summary: per kind, per allocator, top call sites, and the first report of "
+        "each kind in full. Exit status 1 when violations were found."))
+    parser.add_argument("paths", nargs="+", metavar="DIR|FILE",
+                        help="directories (searched for *.jsonl) and files")
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+    parser.add_argument("--top", type=int, default=10, metavar="N",
+                        help="call sites to list (default 10)")
+    args = parser.parse_args(argv)
+    try:
+        files = collect_files(args.paths)
+    except ValueError as exc:
+        raise UsageError(f"kvguard report: error: {exc}") from None
+    if not files:
+        raise UsageError(f"kvguard report: error: no *.jsonl files in {' '.join(args.paths)}")
+    try:
+        records = load(files)
+    except OSError as exc:
+        raise UsageError(f"kvguard report: error: {exc}") from None
+    if not (records.violations or records.stats or records.starts):
+        raise UsageError(f"kvguard report: error: no kvguard records in {len(files)} file(s)")
+    summary = summarize(records, top=max(args.top, 0))
+    if args.format == "json":
+        json.dump(_jsonable(summary), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(render(summary) + "\n")
+    return 1 if summary["violations"] else 0

@@ -1,0 +1,285 @@
+"""``kvguard replay FILE``: re-run a report's flight recorder against a model allocator, offline.
+
+Every report carries the allocator's last operations (``history=``, ``KVGUARD_HISTORY``): what
+each call handed out or took back, and where it was called from. In log mode the recorder keeps
+what the allocator really received, faulty calls included. The replay merges the windows of all
+reports of one allocator instance (the guard numbers its calls, so windows line up and gaps show)
+and checks each operation against ``ModelAllocator``, the state a correct allocator must be in:
+the first operation the model rejects is where the allocator's state first went wrong, which is
+often several calls before the report that drew attention to it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Step:
+    """One recorded operation and what the model found wrong with it."""
+
+    call: int
+    op: str
+    ids: list
+    pool: object = None
+    site: dict | None = None
+    problems: list = field(default_factory=list)
+    """``(kind, message)`` pairs, in kvguard's violation kinds."""
+    gap_before: int = 0
+    """Calls missing from the record just before this one."""
+
+    def where(self) -> str:
+        s = self.site
+        return f"{s['file']}:{s['line']} in {s['function']}" if s else "<no site recorded>"
+
+    def to_dict(self) -> dict:
+        return {"call": self.call, "op": self.op, "ids": self.ids, "pool": self.pool,
+                "site": self.site, "gap_before": self.gap_before,
+                "problems": [{"kind": k, "message": m} for k, m in self.problems]}
+
+
+class ModelAllocator:
+    """The state a correct allocator must be in, built from the operations alone.
+
+    A block is live (with a reference count, when known), free, or unknown: ids first seen
+    inside the window, or after a gap in the record, are given the benefit of the doubt. A
+    pool whose record shows ``share`` calls is treated as refcounted.
+    """
+
+    def __init__(self, refcounted_pools=()) -> None:
+        self.refcounted = set(refcounted_pools)
+        self.state: dict = {}
+        """``(pool, id)`` -> ``(refs, call)``: refs > 0 live (None: live, count unknown), 0 free."""
+
+    def forget(self) -> None:
+        self.state.clear()
+
+    def apply(self, step: Step) -> list:
+        pool, ids, call = step.pool, step.ids, step.call
+        problems = []
+        seen, dups = set(), []
+        for b in ids:
+            if b in seen and b not in dups:
+                dups.append(b)
+            seen.add(b)
+        bad = [b for b in dict.fromkeys(ids) if not isinstance(b, int) or b < 0]
+        if bad:
+            verb = "handed out" if step.op == "allocate" else "got"
+            problems.append(("invalid-id", f"{step.op}() {verb} invalid id(s) {bad}"))
+        if dups:
+            if step.op == "allocate":
+                problems.append(("shared-block", f"allocate() handed out {_ids(dups)} twice in "
+                                 "one call: two owners now share each"))
+            else:
+                problems.append(("duplicate-id", f"{step.op}() got {_ids(dups)} twice in one "
+                                 "call: a free list now holds each twice"))
+        refcounted = pool in self.refcounted
+        for b in dict.fromkeys(ids):
+            if not isinstance(b, int) or b < 0:
+                continue
+            key = (pool, b)
+            refs, since = self.state.get(key, (None, None))
+            known = key in self.state
+            if step.op == "allocate":
+                if known and refs != 0:
+                    problems.append(("shared-block", f"block {b} handed out while live (handed "
+                                     f"out or shared by call #{since}, not freed since)"))
+                self.state[key] = (1, call)
+            elif step.op == "share":
+                if known and refs == 0:
+                    self.state[key] = (1, call)  # a cached free block revived
+                elif known and refs is not None:
+                    self.state[key] = (refs + 1, call)
+            else:  # free
+                if known and refs == 0:
+                    problems.append(("double-free", f"block {b} freed again: already free since "
+                                     f"call #{since}"))
+                elif known and refs is not None and refs > 1:
+                    self.state[key] = (refs - 1, since)
+                elif refcounted and not known:
+                    pass  # its reference count is unknown: it may still be live
+                else:
+                    self.state[key] = (0, call)
+        return problems
+
+
+def _ids(ids) -> str:
+    return f"block {ids[0]}" if len(ids) == 1 else f"blocks {list(ids)}"
+
+
+@dataclass
+class Replay:
+    """The result: the steps, the reports placed among them, and the first step gone wrong."""
+
+    guard: dict
+    pid: object
+    file: str
+    steps: list
+    reports: list
+    """``(after_call, violation dict)``: each report follows the last call its window holds."""
+    others: int = 0
+
+    @property
+    def first_wrong(self):
+        return next((s for s in self.steps if s.problems), None)
+
+    def to_dict(self) -> dict:
+        first = self.first_wrong
+        return {"guard": self.guard, "pid": self.pid, "file": self.file,
+                "steps": [s.to_dict() for s in self.steps],
+                "reports": [{"after_call": c, "kind": v["kind"], "block_ids": v["block_ids"],
+                             "summary": v.get("summary", "")} for c, v in self.reports],
+                "first_wrong": first.to_dict() if first else None}
+
+    def render(self) -> str:
+        from .report import Violation
+        g = self.guard
+        steps = self.steps
+        span = f"calls #{steps[0].call}..#{steps[-1].call}" if steps else "no calls"
+        lines = [f"kvguard replay: {g.get('name', '?')} ({g.get('class', '?')} at "
+                 f"{g.get('address', '?')}), pid {self.pid}, {len(self.reports)} report(s) in "
+                 f"{self.file}",
+                 f"{span}: {len(steps)} recorded operation(s) replayed against a model "
+                 "allocator (ids first seen in the record are given the benefit of the doubt)",
+                 ""]
+        by_call: dict = {}
+        for after, v in self.reports:
+            by_call.setdefault(after, []).append(v)
+        width = max((len(str(list(s.ids))) for s in steps), default=0)
+        width = min(width, 40)
+        for v in by_call.pop(0, []):
+            lines.append(f"    >> reported before the first recorded call: "
+                         f"{Violation.from_dict(v).headline()}")
+        for s in steps:
+            if s.gap_before:
+                lines.append(f"    ... {s.gap_before} call(s) not recorded (the model forgets "
+                             "what it knew)")
+            ids = str(list(s.ids))
+            lines.append(f"    #{s.call:<5} {s.op:<8} {ids:<{width}}  at {s.where()}")
+            for kind, message in s.problems:
+                lines.append(f"           !! {kind}: {message}")
+            for v in by_call.pop(s.call, []):
+                lines.append(f"    >> the guard reported on the next {v.get('method') or ''}() "
+                             f"call: {Violation.from_dict(v).headline()}")
+        for after, vs in sorted(by_call.items()):
+            for v in vs:
+                lines.append(f"    >> reported after call #{after}: "
+                             f"{Violation.from_dict(v).headline()}")
+        lines.append("")
+        first = self.first_wrong
+        if first is not None:
+            lines.append(f"state first went wrong at call #{first.call}: {first.op} "
+                         f"{list(first.ids)} at {first.where()}")
+            lines += [f"  {kind}: {message}" for kind, message in first.problems]
+        else:
+            lines.append("every recorded operation is consistent with a correct allocator: the "
+                         "state went wrong at a reported call itself, or before the record "
+                         "starts (a longer record: KVGUARD_HISTORY=N)")
+        if self.others:
+            lines.append(f"({self.others} other allocator instance(s) reported in this file: "
+                         "--guard NAME or --pid PID replays another)")
+        return "\n".join(lines)
+
+
+def _violation_records(path: str) -> list:
+    from .merge import load
+    records = load([path]).violations
+    if records:
+        return records
+    try:  # one pretty-printed Violation.to_dict(), or a list of them
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return []
+    from .merge import _normalized
+    items = data if isinstance(data, list) else [data]
+    out = []
+    for item in items:
+        rec = _normalized(item)
+        if rec is not None and rec["event"] == "violation":
+            rec["process"] = (rec.get("host", ""), rec.get("pid", 0), 0, path)
+            rec["file"] = path
+            out.append(rec)
+    return out
+
+
+def build(path: str, *, guard: str | None = None, pid: int | None = None,
+          violation: int | None = None) -> Replay:
+    """Assemble and run the replay of one allocator instance's reports in ``path``.
+    ``violation`` (1-based, in file order) replays that one report's window alone."""
+    records = _violation_records(path)
+    if not records:
+        raise ValueError(f"no kvguard violation reports in {path}")
+    if violation is not None:
+        if not 1 <= violation <= len(records):
+            raise ValueError(f"--violation {violation}: {path} holds {len(records)} report(s)")
+        chosen = [records[violation - 1]]
+        others = 0
+    else:
+        candidates = [r for r in records
+                      if (guard is None or (r.get("guard") or {}).get("name") == guard)
+                      and (pid is None or r.get("pid") == pid)]
+        if not candidates:
+            raise ValueError(f"no report in {path} matches"
+                             + (f" --guard {guard}" if guard else "")
+                             + (f" --pid {pid}" if pid is not None else ""))
+        first = candidates[0]
+        key = (first["process"], (first.get("guard") or {}).get("name"))
+        chosen = [r for r in candidates
+                  if (r["process"], (r.get("guard") or {}).get("name")) == key]
+        others = len({(r["process"], (r.get("guard") or {}).get("name")) for r in records}) - 1
+    if not any(r["violation"].get("history") for r in chosen):
+        raise ValueError(f"the reports in {path} carry no recorded operations (none came "
+                         "before them, or the flight recorder was off: KVGUARD_HISTORY=0)")
+    ops: dict = {}
+    reports = []
+    for rec in chosen:
+        history = rec["violation"].get("history") or []
+        for op in history:
+            ops.setdefault(op.get("call", 0), op)
+        reports.append((max((op.get("call", 0) for op in history), default=0),
+                        rec["violation"]))
+    steps = [Step(call, op.get("op", "?"), list(op.get("ids", [])), op.get("pool"),
+                  op.get("site")) for call, op in sorted(ops.items())]
+    model = ModelAllocator({s.pool for s in steps if s.op == "share"})
+    previous = None
+    for s in steps:
+        if previous is not None and s.call > previous + 1:
+            s.gap_before = s.call - previous - 1
+            model.forget()
+        s.problems = model.apply(s)
+        previous = s.call
+    return Replay(chosen[0].get("guard") or {}, chosen[0].get("pid"), path, steps, reports,
+                  others)
+
+
+def replay_command(argv) -> int:
+    """``kvguard replay FILE``."""
+    from .cli import Parser, UsageError
+    parser = Parser(prog="kvguard replay", description=(
+        "Re-run the flight recorder of the reports in FILE (staging's JSON lines, or one "
+        "Violation.to_dict()) against a model allocator, and show where the allocator's state "
+        "first went wrong."))
+    parser.add_argument("file", metavar="FILE")
+    parser.add_argument("--guard", metavar="NAME", help="the allocator instance (its guard's "
+                        "name, as reports show it); default: the first one reported")
+    parser.add_argument("--pid", type=int, help="only reports from this process")
+    parser.add_argument("--violation", type=int, metavar="N",
+                        help="replay only the N-th report's window (1-based, in file order)")
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+    args = parser.parse_args(argv)
+    if not os.path.isfile(args.file):
+        raise UsageError(f"kvguard replay: error: no such file: {args.file}")
+    try:
+        result = build(args.file, guard=args.guard, pid=args.pid, violation=args.violation)
+    except (ValueError, OSError) as exc:
+        raise UsageError(f"kvguard replay: error: {exc}") from None
+    if args.format == "json":
+        json.dump(result.to_dict(), sys.stdout, indent=2, default=repr)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(result.render() + "\n")
+    return 0

@@ -1,0 +1,593 @@
+"""Staging: guard the allocators of a running service without touching its code.
+
+``KVGUARD=1`` in the environment of any Python process where kvguard is installed calls
+``start()`` at interpreter start (the ``kvguard.pth`` start-up hook; without ``KVGUARD`` the hook
+is one ``os.environ.get``). ``start()`` turns on ``kvguard.instrument()`` for every registered
+allocator class, built-in engine specs included, with settings read from the environment
+(``VARIABLES``), and appends each violation as one JSON line to a file per process, so that
+``kvguard report`` can merge a fleet's worth of them and ``kvguard replay`` can re-run a report's
+flight recorder offline. ``kvguard run -- python serve.py`` sets all of that up for one command.
+
+Staging must never hurt the serving path: ``log`` is the default mode (the guard forwards every
+call and never raises, not even on its own bugs), the JSON sink writes the first occurrence of
+each (kind, call site) and then one in ``KVGUARD_LOG_EVERY``, stops at ``KVGUARD_LOG_MAX_MB``,
+and swallows its own I/O errors. A bad setting leaves the process unguarded with one error line
+on stderr: staging never stops a service from starting.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import re
+import socket
+import sys
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+
+logger = logging.getLogger("kvguard")
+
+MODES = ("log", "raise", "repair")
+STACKS = ("off", "cheap", "full")
+
+VARIABLES = {
+    "KVGUARD": "1 turns staging on at interpreter start (0, off, false or empty: off)",
+    "KVGUARD_MODE": "log (default: record, never raise), repair (forward a sanitized call) or "
+                    "raise",
+    "KVGUARD_LOG": "where each process appends its JSON lines: a path template with {pid} "
+                   "(and {host}), a directory (kvguard-{pid}.jsonl inside), or one file shared "
+                   "by all processes; unset: the kvguard logger only",
+    "KVGUARD_STACKS": "off, cheap or full: call sites kept per allocation and free (default "
+                      "cheap; full when KVGUARD_SAMPLE is set)",
+    "KVGUARD_SAMPLE": "N: keep the call site of one call in N (chosen at random); every call "
+                      "is still checked and counted (default 1)",
+    "KVGUARD_HISTORY": "operations in each report's flight recorder (default 32)",
+    "KVGUARD_LOG_EVERY": "after its first report, the same kind at the same call site is logged "
+                         "once per N occurrences (default 100)",
+    "KVGUARD_LOG_MAX_MB": "stop writing violation lines past this size per file (default 64); "
+                          "counts still reach the final stats lines",
+    "KVGUARD_REGISTER": "allocator classes to guard besides the built-in engine specs, comma "
+                        "separated: pkg.mod.Class (the default spec), pkg.mod.Class(alloc=get, "
+                        "free=put, size=num_blocks, refcounted=true, ...) or "
+                        "pkg.mod.Class=pkg.specs:SPEC (an AllocatorSpec object)",
+}
+"""Every environment variable staging reads, with its meaning (``kvguard run --help`` too)."""
+
+FORMAT_VERSION = 1
+"""The ``"kvguard"`` field of every JSON line; ``kvguard report`` reads versions up to this."""
+
+_OFF = ("", "0", "off", "false", "no")
+
+
+@dataclass(frozen=True)
+class StagingConfig:
+    """Staging's settings, as read from the environment by ``config_from_env``."""
+
+    mode: str = "log"
+    log: str | None = None
+    stacks: str = "cheap"
+    sample: int = 1
+    history: int = 32
+    log_every: int = 100
+    log_max_bytes: int = 64 << 20
+    register: tuple = field(default_factory=tuple)
+    """``(dotted class name, AllocatorSpec or None)`` pairs; None: the spec registered already
+    (a built-in), else the default one."""
+
+    def guard_options(self) -> dict:
+        """Keywords for every ``kvguard.guard()`` that ``instrument()`` makes."""
+        return {"on_violation": self.mode, "stacks": self.stacks, "sample": self.sample,
+                "history": self.history, "log_every": self.log_every}
+
+    def to_dict(self) -> dict:
+        d = {k: v for k, v in self.guard_options().items()}
+        d["log"] = self.log
+        d["register"] = [name for name, _ in self.register]
+        return d
+
+
+def enabled(environ=None) -> bool:
+    """Whether ``KVGUARD`` asks for staging."""
+    environ = os.environ if environ is None else environ
+    return environ.get("KVGUARD", "").strip().lower() not in _OFF
+
+
+def config_from_env(environ=None) -> StagingConfig | None:
+    """Read the ``KVGUARD_*`` variables; None when ``KVGUARD`` is off. A bad value raises
+    ``ValueError`` naming the variable and what it accepts."""
+    environ = os.environ if environ is None else environ
+    if not enabled(environ):
+        return None
+    mode = _choice(environ, "KVGUARD_MODE", MODES, "log")
+    sample = _count(environ, "KVGUARD_SAMPLE", 1, 1)
+    stacks = _choice(environ, "KVGUARD_STACKS", STACKS, "full" if sample > 1 else "cheap")
+    history = _count(environ, "KVGUARD_HISTORY", 32, 0)
+    log_every = _count(environ, "KVGUARD_LOG_EVERY", 100, 1)
+    max_mb = _count(environ, "KVGUARD_LOG_MAX_MB", 64, 1)
+    log = environ.get("KVGUARD_LOG", "").strip() or None
+    register = tuple(parse_register(environ.get("KVGUARD_REGISTER", "")))
+    return StagingConfig(mode=mode, log=log, stacks=stacks, sample=sample, history=history,
+                         log_every=log_every, log_max_bytes=max_mb << 20, register=register)
+
+
+def _choice(environ, name, choices, default) -> str:
+    value = environ.get(name, "").strip().lower() or default
+    if value not in choices:
+        raise ValueError(f"{name}={environ.get(name)!r}: expected one of {', '.join(choices)}")
+    return value
+
+
+def _count(environ, name, default, least) -> int:
+    text = environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = least - 1
+    if value < least:
+        raise ValueError(f"{name}={text!r}: expected a whole number >= {least}")
+    return value
+
+
+# --- KVGUARD_REGISTER -------------------------------------------------------------------------
+
+_ENTRY = re.compile(r"\s*([A-Za-z_][\w.]*)\s*(?:\((.*?)\)|=\s*([A-Za-z_][\w.]*):([A-Za-z_]\w*))?"
+                    r"\s*(?:[,;]|$)", re.S)
+_KEYWORD = re.compile(r"\s*([A-Za-z_]\w*)\s*=\s*([^,]*?)\s*(?:,|$)")
+
+
+def parse_register(text: str) -> list:
+    """Parse ``KVGUARD_REGISTER``: ``[(dotted class name, AllocatorSpec or None), ...]``.
+
+    Three forms, comma separated: ``pkg.mod.Class`` (the spec registered already, such as a
+    built-in, else the default ``allocate``/``free``), ``pkg.mod.Class(free=free_blocks,
+    size=num_blocks, refcounted=true)`` (``AllocatorSpec`` keywords; values are names, whole
+    numbers, true/false or none) and ``pkg.mod.Class=pkg.specs:SPEC`` (imports ``pkg.specs``,
+    which should be light: it runs at interpreter start).
+    """
+    from .spec import AllocatorSpec
+    entries, pos, text = [], 0, text.strip()
+    while pos < len(text):
+        m = _ENTRY.match(text, pos)
+        if m is None or m.end() == pos:
+            raise ValueError(f"KVGUARD_REGISTER: cannot read {text[pos:]!r}; expected "
+                             "pkg.mod.Class, pkg.mod.Class(keyword=value, ...) or "
+                             "pkg.mod.Class=pkg.module:SPEC")
+        pos = m.end()
+        name, keywords, module, attr = m.groups()
+        if "." not in name:
+            raise ValueError(f"KVGUARD_REGISTER: {name!r} is not a dotted class name "
+                             "(package.module.Class)")
+        spec = None
+        if keywords is not None:
+            try:
+                spec = AllocatorSpec(**_spec_keywords(name, keywords))
+            except TypeError as exc:
+                raise ValueError(f"KVGUARD_REGISTER: {name}: {exc}") from None
+        elif module is not None:
+            spec = _import_spec(name, module, attr)
+        entries.append((name, spec))
+    return entries
+
+
+def _spec_keywords(name: str, text: str) -> dict:
+    from .spec import AllocatorSpec
+    allowed = set(AllocatorSpec.keywords()) - {"skip"}
+    out, pos, text = {}, 0, text.strip()
+    while pos < len(text):
+        m = _KEYWORD.match(text, pos)
+        if m is None or m.end() == pos:
+            raise ValueError(f"KVGUARD_REGISTER: {name}({text}): cannot read {text[pos:]!r}; "
+                             "expected keyword=value")
+        pos = m.end()
+        key, raw = m.groups()
+        if key not in allowed:
+            hint = (" (a callable: use pkg.mod.Class=pkg.module:SPEC)" if key == "skip" else
+                    f"; AllocatorSpec takes {', '.join(sorted(allowed))}")
+            raise ValueError(f"KVGUARD_REGISTER: {name}: no keyword {key!r}{hint}")
+        out[key] = _value(raw)
+    return out
+
+
+def _value(raw: str):
+    low = raw.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low == "none":
+        return None
+    if re.fullmatch(r"-?\d+", raw):
+        return int(raw)
+    return raw
+
+
+def _import_spec(name: str, module: str, attr: str):
+    import importlib
+
+    from .spec import AllocatorSpec
+    try:
+        spec = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"KVGUARD_REGISTER: {name}={module}:{attr}: {exc}") from None
+    if not isinstance(spec, AllocatorSpec):
+        raise ValueError(f"KVGUARD_REGISTER: {name}={module}:{attr} is a "
+                         f"{type(spec).__name__}, not a kvguard.AllocatorSpec")
+    return spec
+
+
+# --- the JSON-lines sink ----------------------------------------------------------------------
+
+def log_path(template: str, pid: int | None = None) -> str:
+    """Where one process writes: ``{pid}``/``{host}`` filled in; a directory gets
+    ``kvguard-{pid}.jsonl`` inside it."""
+    pid = os.getpid() if pid is None else pid
+    if template.endswith(("/", os.sep)) or os.path.isdir(template):
+        template = os.path.join(template, "kvguard-{pid}.jsonl")
+    return template.replace("{pid}", str(pid)).replace("{host}", socket.gethostname())
+
+
+def guard_info(guard) -> dict:
+    """What a JSON line says about the guard: enough for ``kvguard report`` to group by
+    allocator and to say when ids were learned lazily rather than seen handed out."""
+    adopted = sum(ledger.adopted for ledger in guard._ledgers.values())
+    learned = guard.stats.learned
+    return {
+        "name": guard.name,
+        "class": guard.allocator_class,
+        "address": guard.address,
+        "mode": guard.mode,
+        "stacks": guard.stacks,
+        "sample": getattr(guard, "sample", 1),
+        "learning": bool(guard._learn),
+        "learned": learned,
+        "seeded": max(adopted - learned, 0),
+    }
+
+
+class JsonLinesSink:
+    """A ``kvguard.subscribe`` listener that appends one JSON line per reported violation.
+
+    Each line is one ``os.write`` on an ``O_APPEND`` descriptor, so processes sharing one file
+    never interleave within a line. The file is opened at the first line to write, so processes
+    that never guard an allocator leave no file. After a fork the child opens its own file (its
+    own ``{pid}``) and reports only what happened after the fork.
+    """
+
+    def __init__(self, template: str, *, every: int = 100, max_bytes: int = 64 << 20,
+                 config: dict | None = None) -> None:
+        self.template = template
+        self.every = max(1, every)
+        self.max_bytes = max_bytes
+        self.config = config or {}
+        self._reset()
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._fd = None
+        self._pid = os.getpid()
+        self.path = None
+        self.written = 0
+        self.dropped = 0
+        self.failed = False
+        self.closed = False
+        self._seen: dict = {}
+        self._baseline = weakref.WeakKeyDictionary()
+
+    # -- subscribe() callback --
+
+    def __call__(self, guard, violation) -> None:
+        try:
+            if self._pid != os.getpid():  # forked without the at-fork hook (a C extension)
+                self.after_fork_in_child(())
+            key = (guard.name, violation.kind, violation.summary())
+            with self._lock:
+                n = self._seen[key] = self._seen.get(key, 0) + 1
+                if n != 1 and n % self.every:
+                    return
+                if self.written >= self.max_bytes:
+                    self.dropped += 1
+                    return
+                record = {"kvguard": FORMAT_VERSION, "event": "violation", "time": time.time(),
+                          "pid": os.getpid(), "host": socket.gethostname(), "occurrence": n,
+                          "guard": guard_info(guard), "violation": violation.to_dict()}
+                self._write(record)
+        except Exception as exc:  # never into the guarded call
+            self._fail(exc)
+
+    # -- lifecycle --
+
+    def after_fork_in_child(self, guards) -> None:
+        """A forked child writes its own file and counts only its own calls."""
+        fd = self._fd
+        self._reset()
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        for guard in guards:
+            self._baseline[guard] = guard.stats.to_dict()
+
+    def close(self, guards=()) -> None:
+        """Write one ``stats`` line per guard (what it checked, learned and found since this
+        process started or forked), then close the file. Once per process."""
+        try:
+            with self._lock:
+                if self.closed or self._pid != os.getpid():
+                    return
+                self.closed = True
+                for guard in guards:
+                    stats = _minus(guard.stats.to_dict(), self._baseline.get(guard))
+                    if not any(v for k, v in stats.items() if k != "violations") and \
+                            not stats["violations"]:
+                        continue
+                    self._write({"kvguard": FORMAT_VERSION, "event": "stats",
+                                 "time": time.time(), "pid": os.getpid(),
+                                 "host": socket.gethostname(), "guard": guard_info(guard),
+                                 "stats": stats, "dropped": self.dropped}, force=True)
+                if self._fd is not None:
+                    os.close(self._fd)
+                    self._fd = None
+        except Exception as exc:
+            self._fail(exc)
+
+    def _write(self, record: dict, force: bool = False) -> None:
+        if self.failed:
+            return
+        if self._fd is None:
+            self._open()
+        data = (json.dumps(record, default=repr) + "\n").encode()
+        os.write(self._fd, data)
+        self.written += len(data)
+
+    def _open(self) -> None:
+        self.path = log_path(self.template)
+        directory = os.path.dirname(self.path)
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        from . import __version__
+        start = {"kvguard": FORMAT_VERSION, "event": "start", "time": time.time(),
+                 "pid": os.getpid(), "ppid": os.getppid(), "host": socket.gethostname(),
+                 "argv": list(getattr(sys, "argv", ())), "python": sys.version.split()[0],
+                 "version": __version__, "config": self.config}
+        data = (json.dumps(start, default=repr) + "\n").encode()
+        os.write(self._fd, data)
+        self.written += len(data)
+
+    def _fail(self, exc: BaseException) -> None:
+        if not self.failed:
+            self.failed = True
+            logger.error("kvguard: cannot write violation reports to %s (staging goes on "
+                         "without its JSON lines): %r", self.path or self.template, exc)
+
+
+def _minus(now: dict, before: dict | None) -> dict:
+    if not before:
+        return now
+    out = {k: v - before.get(k, 0) for k, v in now.items() if k != "violations"}
+    old = before.get("violations", {})
+    out["violations"] = {k: v - old.get(k, 0) for k, v in now["violations"].items()
+                         if v - old.get(k, 0)}
+    return out
+
+
+# --- turning it on ----------------------------------------------------------------------------
+
+class Staging:
+    """What ``start()`` turned on, so that ``stop()`` can turn it off again."""
+
+    def __init__(self, config: StagingConfig) -> None:
+        self.config = config
+        self.sink = None
+        self._unsubscribe = None
+
+    def start(self) -> None:
+        from . import registry
+        from .guard import subscribe
+        for name, spec in self.config.register:
+            if spec is None:
+                spec = registry.registered().get(name)
+            if spec is None:
+                from .spec import DEFAULT_SPEC
+                spec = DEFAULT_SPEC
+            registry.register(name, spec)
+        if self.config.log:
+            self.sink = JsonLinesSink(self.config.log, every=self.config.log_every,
+                                      max_bytes=self.config.log_max_bytes,
+                                      config=self.config.to_dict())
+            self._unsubscribe = subscribe(self.sink)
+        registry.instrument(**self.config.guard_options())
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        """Write the final stats lines (at exit, or at ``stop()``)."""
+        if self.sink is not None:
+            from .guard import guards
+            self.sink.close(guards())
+
+    def stop(self) -> None:
+        from . import registry
+        atexit.unregister(self.close)
+        self.close()
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+        registry.uninstrument()
+
+    def after_fork_in_child(self) -> None:
+        if self.sink is None:
+            return
+        from .guard import guards
+        self.sink.after_fork_in_child(guards())
+        util = sys.modules.get("multiprocessing.util")
+        if util is not None:
+            # A multiprocessing child ends in os._exit(): atexit never runs there, but
+            # multiprocessing's own finalizers do. Its registry is cleared after this hook, so
+            # the finalizer is registered from its after-fork callbacks, which run later.
+            util.register_after_fork(self, Staging._register_finalizer)
+
+    def _register_finalizer(self) -> None:
+        util = sys.modules.get("multiprocessing.util")
+        if util is not None:
+            util.Finalize(self, Staging.close, args=(self,), exitpriority=100)
+
+
+_active: Staging | None = None
+_failed = False
+_fork_hook = False
+
+
+def active() -> Staging | None:
+    """The staging started in this process, or None."""
+    return _active
+
+
+def start(environ=None) -> bool:
+    """Turn staging on from the environment; the start-up hook calls this. Returns whether it
+    is on. Never raises: a bad setting is one error line and an unguarded process. Only the
+    first call acts (``site`` may run a ``.pth`` file twice, as in a venv with system site
+    packages) until ``stop()``."""
+    global _active, _failed, _fork_hook
+    if _active is not None or _failed:
+        return _active is not None
+    try:
+        config = config_from_env(environ)
+    except Exception as exc:  # ValueError: a bad setting, said in one line
+        _failed = True
+        logger.error("kvguard: staging not started: %s", exc)
+        return False
+    if config is None:
+        return False
+    staging = Staging(config)
+    try:
+        staging.start()
+    except Exception as exc:
+        _failed = True
+        logger.error("kvguard: staging not started: %r", exc)
+        try:
+            staging.stop()
+        except Exception:
+            pass
+        return False
+    _active = staging
+    if not _fork_hook and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+        _fork_hook = True
+    return True
+
+
+def stop() -> None:
+    """Turn staging off: final stats lines written, instrumentation off, sink closed. Guards
+    already attached stay until their ``unguard()``."""
+    global _active, _failed
+    staging, _active, _failed = _active, None, False
+    if staging is not None:
+        staging.stop()
+
+
+def _after_fork_in_child() -> None:
+    staging = _active
+    if staging is not None:
+        try:
+            staging.after_fork_in_child()
+        except Exception as exc:
+            logger.error("kvguard: staging after fork: %r", exc)
+
+
+# --- kvguard run ------------------------------------------------------------------------------
+
+def run_command(argv) -> int:
+    """``kvguard run [options] -- COMMAND...``: run one command with staging on."""
+    import signal
+    import subprocess
+
+    from .cli import Parser, UsageError
+    parser = Parser(prog="kvguard run", description=(
+        "Run COMMAND with kvguard staging on (KVGUARD=1): every registered allocator in every "
+        "Python process it starts is guarded, and each process appends its violations as JSON "
+        "lines under --log. Then: kvguard report DIR."),
+        epilog="environment variables: " + "; ".join(f"{k}: {v}" for k, v in VARIABLES.items()))
+    parser.add_argument("--mode", choices=MODES, default=None,
+                        help="log (default): record and forward; repair: forward a sanitized "
+                             "call; raise: reject the bad call")
+    parser.add_argument("--log", metavar="DIR|TEMPLATE", default=None,
+                        help="a directory (default ./kvguard-logs) or a path template with "
+                             "{pid}")
+    parser.add_argument("--stacks", choices=STACKS, default=None)
+    parser.add_argument("--sample", type=int, metavar="N", default=None,
+                        help="keep the call site of one call in N")
+    parser.add_argument("--history", type=int, metavar="N", default=None,
+                        help="operations in each report's flight recorder (default 32)")
+    parser.add_argument("--register", action="append", default=[], metavar="ENTRY",
+                        help="an allocator class to guard (KVGUARD_REGISTER syntax); repeatable")
+    parser.add_argument("command", nargs="...", help="the command, after --")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise UsageError("kvguard run: error: no command given (kvguard run -- python "
+                         "serve.py ...)")
+    env = dict(os.environ)
+    env["KVGUARD"] = "1"
+    log = args.log or env.get("KVGUARD_LOG") or "kvguard-logs"
+    if "{pid}" not in log and not log.endswith(".jsonl"):
+        log = os.path.join(log, "kvguard-{pid}.jsonl")
+    env["KVGUARD_LOG"] = os.path.abspath(log)
+    for name, value in (("KVGUARD_MODE", args.mode), ("KVGUARD_STACKS", args.stacks),
+                        ("KVGUARD_SAMPLE", args.sample), ("KVGUARD_HISTORY", args.history)):
+        if value is not None:
+            env[name] = str(value)
+    if args.register:
+        env["KVGUARD_REGISTER"] = ",".join(filter(None, [env.get("KVGUARD_REGISTER", "")]
+                                                  + args.register))
+    try:
+        config_from_env(env)
+    except ValueError as exc:
+        raise UsageError(f"kvguard run: error: {exc}") from None
+    started = time.time()
+    try:
+        child = subprocess.Popen(command, env=env)
+    except OSError as exc:
+        print(f"kvguard run: error: cannot run {command[0]!r}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 127
+    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {}
+    for sig in forwarded:
+        try:
+            previous[sig] = signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
+        except (OSError, ValueError):
+            pass
+    try:
+        code = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    _run_summary(env["KVGUARD_LOG"], started)
+    return code if code >= 0 else 128 - code
+
+
+def _run_summary(template: str, since: float) -> None:
+    """One line on stderr after the command: what the processes it ran reported."""
+    from .merge import collect_files, load, summarize
+    if "{pid}" in template or "{host}" in template:
+        where = os.path.dirname(template)
+        try:
+            files = [f for f in collect_files([where]) if os.path.getmtime(f) >= since - 1]
+        except (OSError, ValueError):
+            files = []
+    else:
+        where = template
+        files = [template] if os.path.isfile(template) else []
+    if not files:
+        print(f"kvguard: nothing reported under {where}: no registered allocator was used, "
+              "or the command's Python does not have kvguard installed", file=sys.stderr)
+        return
+    summary = summarize(load(files))
+    n = summary["violations"]
+    found = f"{n} violation(s)" if n else "no violations"
+    print(f"kvguard: {found} in {len(summary['processes'])} guarded process(es); see: "
+          f"kvguard report {where}", file=sys.stderr)

@@ -1,0 +1,196 @@
+"""``kvguard report`` (merging) and ``kvguard run`` (one command with staging on)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from kvguard import kinds
+from kvguard.merge import collect_files, load, render, summarize
+
+from .staging_env import staged_env, staged_python_fixture  # noqa: F401
+
+
+def violation(kind="double-free", site=("serve.py", 10, "finish"), pid=11, t=1.0):
+    return {"kind": kind, "block_ids": [3], "message": "m", "allocator": {
+        "class": "eng.Pool", "name": "Pool#1", "address": "0x1"}, "method": "free",
+        "pool": None, "call_stack": [{"file": site[0], "line": site[1], "function": site[2]}],
+        "blocks": [], "owner": None, "history": [], "thread": "MainThread", "pid": pid,
+        "time": t, "expected": False, "extra": {},
+        "summary": f"SUMMARY: kvguard: {kind} {site[0]}:{site[1]} in {site[2]}"}
+
+
+def record(event, pid=11, **fields):
+    base = {"kvguard": 1, "event": event, "pid": pid, "host": "h1", "time": 1.0}
+    base.update(fields)
+    return base
+
+
+GUARD = {"name": "Pool#1", "class": "eng.Pool", "address": "0x1", "mode": "log",
+         "stacks": "cheap", "sample": 1, "learning": False, "learned": 0, "seeded": 0}
+
+
+def write(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
+def test_counts_are_exact_with_stats_lines_and_lower_bounds_without(tmp_path):
+    with_stats = write(tmp_path / "a.jsonl", [
+        record("start"),
+        *[record("violation", occurrence=n, guard=GUARD, violation=violation())
+          for n in (1, 100, 200)],
+        record("stats", guard=GUARD, stats={"alloc_calls": 10, "free_calls": 5,
+                                            "share_calls": 0, "learned": 0,
+                                            "internal_errors": 0,
+                                            "violations": {"double-free": 250}}),
+    ])
+    summary = summarize(load([with_stats]))
+    assert summary["violations"] == 250 and summary["exact"]
+    assert summary["by_allocator"]["eng.Pool"]["calls"] == 15
+    assert summary["top_sites"][0]["count"] == 200, "per site: what the lines show"
+
+    killed = write(tmp_path / "b.jsonl", [
+        record("start", pid=12),
+        record("violation", pid=12, occurrence=1, guard=GUARD, violation=violation(pid=12)),
+        record("violation", pid=12, occurrence=100, guard=GUARD, violation=violation(pid=12)),
+    ])
+    summary = summarize(load([with_stats, killed]))
+    assert summary["violations"] == 350 and not summary["exact"]
+    assert summary["by_kind"]["double-free"] == {
+        "count": 350, "processes": 2, "meaning": kinds.MEANING["double-free"]}
+    text = render(summary)
+    assert text.startswith("kvguard report: at least 350 violation(s) in 2 of 2 process(es)")
+    assert "left no stats line" in text
+
+
+def test_bare_violation_lines_and_junk(tmp_path):
+    path = write(tmp_path / "c.jsonl", [violation("bool-id"), {"unrelated": True}])
+    with open(path, "a") as f:
+        f.write("not json\n\n")
+    records = load([path])
+    assert len(records.violations) == 1 and records.skipped == 2
+    summary = summarize(records)
+    assert summary["by_kind"]["bool-id"]["count"] == 1
+    assert "2 line(s) skipped: not kvguard records" in render(summary)
+
+
+def test_a_reused_pid_is_two_processes_and_the_first_report_is_the_earliest(tmp_path):
+    path = write(tmp_path / "d.jsonl", [
+        record("start", time=1.0),
+        record("violation", occurrence=1, guard=GUARD, violation=violation(t=5.0)),
+        record("start", time=9.0),
+        record("violation", occurrence=1, guard=GUARD,
+               violation=violation(t=2.0, site=("other.py", 3, "f"))),
+    ])
+    summary = summarize(load([path]))
+    assert len(summary["processes"]) == 2 and summary["violations"] == 2
+    assert summary["first"]["double-free"]["violation"]["time"] == 2.0
+
+
+def test_learning_and_sampling_are_said(tmp_path):
+    learning = {**GUARD, "learning": True, "learned": 7, "sample": 100}
+    path = write(tmp_path / "e.jsonl", [
+        record("violation", occurrence=1, guard=learning, violation=violation()),
+        record("stats", guard=learning, stats={"alloc_calls": 1, "free_calls": 1,
+                                               "learned": 7, "violations": {"double-free": 1}}),
+    ])
+    text = render(summarize(load([path])))
+    assert "7 id(s) learned lazily" in text and "attached to 1 allocator(s) that already" in text
+    assert "call sites sampled 1 in 100" in text
+    assert "note: Pool#1 attached to an allocator with blocks out and had learned 7" in text
+
+
+def test_collect_files(tmp_path):
+    (tmp_path / "sub").mkdir()
+    a = write(tmp_path / "a.jsonl", [])
+    b = write(tmp_path / "sub" / "b.jsonl", [])
+    (tmp_path / "notes.txt").write_text("x")
+    assert collect_files([str(tmp_path), a]) == [a, b]
+    with pytest.raises(ValueError, match="no such file or directory"):
+        collect_files([str(tmp_path / "nope")])
+
+
+def cli(*args, cwd=None, env=None):
+    return subprocess.run([sys.executable, "-m", "kvguard", *args], capture_output=True,
+                          text=True, timeout=180, cwd=cwd, env=env)
+
+
+def test_report_exit_status_and_mistakes(tmp_path):
+    clean = write(tmp_path / "clean.jsonl", [
+        record("stats", guard=GUARD, stats={"alloc_calls": 3, "free_calls": 3,
+                                            "violations": {}})])
+    out = cli("report", clean)
+    assert out.returncode == 0 and "kvguard report: 0 violation(s) in 0 of 1" in out.stdout
+    (tmp_path / "empty").mkdir()
+    junk = tmp_path / "junk.jsonl"
+    junk.write_text("[]\n")
+    for args, message in [
+        ([str(tmp_path / "nope")], "no such file or directory"),
+        ([str(tmp_path / "empty")], "no *.jsonl files in"),
+        ([str(junk)], "no kvguard records in 1 file(s)"),
+        ([clean, "--format", "yaml"], "invalid choice: 'yaml'"),
+        ([], "the following arguments are required"),
+    ]:
+        out = cli("report", *args)
+        assert out.returncode == 2, args
+        assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+SERVE = textwrap.dedent('''
+    import sys
+    from kvguard.examples import LinkedFreeList
+
+    a = LinkedFreeList(8)
+    ids = a.allocate(2)
+    a.free([ids[0], ids[0]])
+    sys.exit(int(sys.argv[1]))
+''')
+
+
+def test_run_sets_up_staging_for_one_command(tmp_path, staged_python):
+    (tmp_path / "serve.py").write_text(SERVE)
+    env = staged_env()
+    out = cli("run", "--log", "logs", "--register",
+              "kvguard.examples.LinkedFreeList(size=_num_blocks)", "--sample", "10", "--",
+              staged_python, "serve.py", "3", cwd=tmp_path, env=env)
+    assert out.returncode == 3, out.stderr  # the command's own exit status
+    assert "ERROR: kvguard: duplicate-id" in out.stderr
+    assert out.stderr.strip().splitlines()[-1] == (
+        "kvguard: 1 violation(s) in 1 guarded process(es); see: kvguard report "
+        f"{tmp_path / 'logs'}")
+    (name,) = os.listdir(tmp_path / "logs")
+    start = json.loads((tmp_path / "logs" / name).read_text().splitlines()[0])
+    assert start["config"]["sample"] == 10 and start["config"]["stacks"] == "full"
+    assert start["argv"][-2:] == ["serve.py", "3"]
+
+
+def test_run_says_when_nothing_was_reported(tmp_path, staged_python):
+    out = cli("run", "--log", str(tmp_path / "logs"), "--", staged_python, "-c", "pass",
+              cwd=tmp_path, env=staged_env())
+    assert out.returncode == 0
+    assert "nothing reported under" in out.stderr
+
+
+@pytest.mark.parametrize("args, message, code", [
+    (["run"], "no command given", 2),
+    (["run", "--"], "no command given", 2),
+    (["run", "--mode", "loud", "--", "x"], "invalid choice: 'loud'", 2),
+    (["run", "--sample", "0", "--", "x"], "KVGUARD_SAMPLE='0': expected a whole number >= 1", 2),
+    (["run", "--register", "Pool", "--", "x"], "is not a dotted class name", 2),
+    (["run", "--", "no-such-program-kvg"], "cannot run 'no-such-program-kvg'", 127),
+])
+def test_run_mistakes_are_one_line(tmp_path, args, message, code):
+    out = cli(*args, cwd=tmp_path, env=staged_env())
+    assert out.returncode == code
+    assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_help_lists_the_staging_commands():
+    out = cli("--help")
+    for name in ("run", "report", "replay"):
+        assert f"  {name} " in out.stdout
+    assert "KVGUARD_SAMPLE" in cli("run", "--help").stdout

@@ -133,9 +133,24 @@ def _is_single(value, id_attr, Tensor, np) -> bool:
         return True
     if np is not None and isinstance(value, np.generic):
         return True
-    if id_attr is not None and hasattr(value, id_attr):
+    if id_attr is not None and _has_path(value, id_attr):
         return True
     return not hasattr(value, "__iter__") and hasattr(value, "__index__")
+
+
+def _get_path(item, path: str):
+    """``id_attr`` as a dotted path: LMCache keeps a page's index at ``obj.meta.address``."""
+    for name in path.split("."):
+        item = getattr(item, name)
+    return item
+
+
+def _has_path(item, path: str) -> bool:
+    try:
+        _get_path(item, path)
+    except AttributeError:
+        return False
+    return True
 
 
 def _short_repr(value, limit: int = 40) -> str:
@@ -162,7 +177,7 @@ def _read_items(items, out, tensor_ok, id_attr, skip, what, Tensor, np) -> None:
                 out.faults += sub.faults
                 continue
             try:
-                raw = getattr(item, id_attr)
+                raw = getattr(item, id_attr) if "." not in id_attr else _get_path(item, id_attr)
             except AttributeError:
                 invalid.append((_short_repr(item), f"has no .{id_attr}"))
                 continue

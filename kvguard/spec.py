@@ -16,6 +16,10 @@ class AllocatorSpec:
     legal there; the guard drains it into a list and forwards that list.
     ``live_ids``: attribute or callable giving the ids live right now, so a guard attached to an
     allocator that already has blocks out starts with a true ledger instead of learning them.
+    ``adapter``: callable(guard) run once the guard is attached, for what the keywords cannot
+    say (more than one allocating or freeing method, deferred frees, a reset): the engine
+    adapters in ``kvguard.adapters`` install their extra wrappers through it.
+    ``id_attr`` may be a dotted path (``"meta.address"``) when the id sits on a nested object.
     """
 
     alloc: str | None = "allocate"
@@ -31,6 +35,7 @@ class AllocatorSpec:
     skip: Callable[[Any], bool] | None = None
     iterator_ok: bool = False
     live_ids: AttrOrCallable = None
+    adapter: Callable[[Any], Any] | None = None
 
     def __post_init__(self) -> None:
         for name in ("free_arg", "pool_arg"):
@@ -44,13 +49,17 @@ class AllocatorSpec:
                 raise ValueError(f"AllocatorSpec.{name} must be >= 0, not {value}")
         for name in ("alloc", "free", "share", "id_attr"):
             value = getattr(self, name)
-            if value is not None and not (isinstance(value, str) and value.isidentifier()):
+            parts = value.split(".") if name == "id_attr" and isinstance(value, str) else [value]
+            if value is not None and not all(isinstance(p, str) and p.isidentifier()
+                                             for p in parts):
                 raise TypeError(f"AllocatorSpec.{name} must be a method/attribute name, "
                                 f"not {value!r}")
         if not self.free:
             raise ValueError("AllocatorSpec.free must name the method that takes ids back")
         if self.skip is not None and not callable(self.skip):
             raise TypeError("AllocatorSpec.skip must be callable(id or object) -> bool")
+        if self.adapter is not None and not callable(self.adapter):
+            raise TypeError("AllocatorSpec.adapter must be callable(guard)")
 
     def methods(self) -> tuple[str, ...]:
         return tuple(m for m in (self.alloc, self.free, self.share) if m)

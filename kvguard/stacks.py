@@ -27,6 +27,8 @@ _MACHINERY = frozenset(
     for name in ("guard", "ids", "ledger", "stacks", "report", "registry", "cache", "tables",
                  "staging")
 )
+_ADAPTERS_DIR = os.path.join(_KVGUARD_DIR, "adapters")
+"""The engine adapters' wrappers are machinery too: a report starts at the engine's frame."""
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,9 @@ def is_internal(code) -> bool:
     filename = code.co_filename
     internal = _internal_files.get(filename)
     if internal is None:
-        internal = _internal_files[filename] = os.path.abspath(filename) in _MACHINERY
+        path = os.path.abspath(filename)
+        internal = path in _MACHINERY or os.path.dirname(path) == _ADAPTERS_DIR
+        _internal_files[filename] = internal
     return internal
 
 

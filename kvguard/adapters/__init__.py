@@ -1,11 +1,17 @@
 """Built-in specs for the allocators the serving engines ship, registered by dotted name.
 
-Nothing here imports an engine: a spec is a plain ``AllocatorSpec`` keyed by the class's dotted
-name, and it takes effect only once the engine's own module is imported.
+Nothing here imports an engine (or torch): a spec is a plain ``AllocatorSpec`` keyed by the
+class's dotted name, and it takes effect only once the engine's own module is imported. One
+module per engine, each with ``SPECS``; ``methods`` holds the wrappers for what a spec's
+keywords cannot say (extra allocating/freeing methods, resets, deferred frees).
 """
 
 from __future__ import annotations
 
 from .deepspeed import SPECS as _DEEPSPEED
+from .huggingface import SPECS as _HUGGINGFACE
+from .lmcache import SPECS as _LMCACHE
+from .sglang import SPECS as _SGLANG
+from .vllm import SPECS as _VLLM
 
-BUILTIN_SPECS = {**_DEEPSPEED}
+BUILTIN_SPECS = {**_DEEPSPEED, **_VLLM, **_SGLANG, **_HUGGINGFACE, **_LMCACHE}

@@ -1,0 +1,101 @@
+"""SGLang's KV-slot allocators and request rows, checked against 0.5.23.
+
+``TokenToKVPoolAllocator`` (page size 1): ``alloc(n)`` returns an int64 tensor of slots (a view of
+its free list) or ``None``; ``free(free_index)`` takes a tensor, usually an int32 view of
+``req_to_token``, and ``torch.cat``s it onto the free list with no check at all: a duplicate, a
+slot that is already free, and a bool mask (promoted to 0/1, so padding slot 0 and live slot 1
+enter the free list) are all accepted. Slot 0 is padding and never handed out.
+
+``PagedTokenToKVPoolAllocator`` hands out token slots page by page and keeps pages on its free
+list; it is tracked by page. ``alloc``/``alloc_extend``/``alloc_decode`` return token slots (a
+new page shows up as its slot at offset 0), ``free(tokens)`` releases
+``torch.unique(tokens // page_size)``, so it legally de-duplicates within one call, never across
+calls, and a bool mask becomes padding page 0. Every page release goes through
+``_release_page_ids``, which is what the spec guards; ``free()``/``free_page_ids()`` get a check
+of the form of their argument first.
+
+Free groups: between ``free_group_begin()`` and ``free_group_end()`` frees are deferred. The
+token allocator's are checked at the deferred call, and ``free_group_end()`` of an open group
+releases them without a second check; the paged allocator's are checked when the group ends
+and they reach ``_release_page_ids``. A ``free_group_end()`` without an open group that frees
+again (before sglang#36739 the pending list was never cleared) is a ``double-free``.
+
+``ReqToTokenPool`` hands out request rows (``alloc_rows``/``free_rows``, plain lists; row 0 is
+padding). ``clear()`` returns everything on all three.
+"""
+
+from __future__ import annotations
+
+from ..spec import AllocatorSpec
+from .methods import adapter, allocating, checking, resetting, settled
+
+TOKEN_ALLOCATOR = "sglang.srt.mem_cache.allocator.token.TokenToKVPoolAllocator"
+PAGED_ALLOCATOR = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator"
+REQ_TO_TOKEN_POOL = "sglang.srt.mem_cache.memory_pool.ReqToTokenPool"
+
+
+def group_open(allocator) -> bool:
+    """Whether ``free()`` would defer right now. Before sglang#36739 a flag said so
+    (``is_not_in_free_group``); since then ``free_group`` is ``None`` outside a group."""
+    flag = getattr(allocator, "is_not_in_free_group", None)
+    if flag is not None:
+        return not flag
+    return getattr(allocator, "free_group", None) is not None
+
+
+def _unused(n, free_tensors) -> list:
+    """Ids ``1..n-1`` that none of ``free_tensors`` holds: what is handed out right now."""
+    import torch
+
+    used = torch.ones(n, dtype=torch.bool)
+    used[0] = False
+    for t in free_tensors:
+        if t is not None and t.numel():
+            used[t.reshape(-1).long().cpu()] = False
+    return used.nonzero().flatten().tolist()
+
+
+def _used_slots(allocator) -> list:
+    # Slots deferred in an open group were given up already: not live.
+    return _unused(allocator.size + 1, [allocator.free_pages, allocator.release_pages,
+                                        *(allocator.free_group or ())])
+
+
+def _used_pages(allocator) -> list:
+    ps = allocator.page_size
+    deferred = [t // ps for t in (allocator.free_group or ())]
+    return _unused(allocator.num_pages + 1, [allocator.free_pages, *allocator.staged_pages,
+                                             *deferred, *allocator.free_page_ids_group])
+
+
+def new_pages(allocator, tokens):
+    """The pages an allocation handed out: a fresh page's first slot (offset 0) is in the
+    result, a page that was already partly filled contributes later slots only."""
+    if tokens is None:
+        return None
+    ps = allocator.page_size
+    return (tokens[tokens % ps == 0] // ps).tolist()
+
+
+SPECS = {
+    TOKEN_ALLOCATOR: AllocatorSpec(
+        alloc="alloc", free="free", tensor_ok=True, size=lambda a: a.size + 1,
+        free_count="available_size", live_ids=_used_slots,
+        adapter=adapter(settled("free_group_end", group_open), resetting("clear")),
+    ),
+    PAGED_ALLOCATOR: AllocatorSpec(
+        alloc=None, free="_release_page_ids", tensor_ok=True, size=lambda a: a.num_pages + 1,
+        free_count=lambda a: a.available_size() // a.page_size, live_ids=_used_pages,
+        adapter=adapter(
+            allocating("alloc", new_pages), allocating("alloc_extend", new_pages),
+            allocating("alloc_decode", new_pages), checking("free"), checking("free_page_ids"),
+            resetting("clear"),
+        ),
+    ),
+    REQ_TO_TOKEN_POOL: AllocatorSpec(
+        alloc="alloc_rows", free="free_rows", size=lambda p: p.size + 1,
+        free_count="available_size",
+        live_ids=lambda p: sorted(set(range(1, p.size + 1)).difference(p.free_slots)),
+        adapter=adapter(resetting("clear")),
+    ),
+}

@@ -1,0 +1,73 @@
+"""vLLM v1 ``BlockPool``, checked against 0.33.0.
+
+Blocks travel as ``KVCacheBlock`` objects (``block_id``, ``ref_cnt``). ``get_new_blocks(n)``
+hands out fresh ones, ``touch(blocks)`` adds a reference (and takes a free block whose prefix is
+still cached back out of the free queue), ``free_blocks(blocks)`` drops one reference per entry
+and queues a block when it reaches 0, ``unpin_blocks(blocks, on_reuse)`` drops one too. None of
+them validates: the same block twice in one ``free_blocks`` call (vllm#42571) or a release below
+zero drives ``ref_cnt`` to -1, or to 0 while another request still holds the block, and the
+failure surfaces later as an assertion at reuse, or never under ``python -O``.
+
+Block 0 is the null block: popped at start, its ``ref_cnt`` never maintained, skipped by
+``free_blocks`` and ``touch``. ``free_blocks`` also hands blocks of another pool (``block.pool``)
+on to that pool, whose own guard checks them. ``free_blocks`` iterates its argument once
+(``SingleTypeKVCacheManager.free`` passes ``reversed(list)``), so a one-shot iterator is legal.
+Size ``num_gpu_blocks`` (the null block included), free count ``get_num_free_blocks()``
+(blocks in the free queue, evictable cached blocks included).
+"""
+
+from __future__ import annotations
+
+from ..guard import guard_of
+from ..spec import AllocatorSpec
+from .methods import adapter, freeing
+
+BLOCK_POOL = "vllm.v1.core.block_pool.BlockPool"
+
+
+def _not_this_pools(block) -> bool:
+    """The null block, and a block of another pool: ``free_blocks`` skips the first and hands the
+    second to its own pool. The pool being checked is the one whose guard this thread is inside
+    right now (a skip sees only the block)."""
+    if getattr(block, "is_null", False):
+        return True
+    pool = getattr(block, "pool", None)
+    if pool is None:
+        return False
+    other = guard_of(pool)
+    return other is None or not other._lock._is_owned()
+
+
+class _Held:
+    """A block referenced before the guard came, as the spec reads blocks (``block_id``), and
+    not yet tied to its pool (whose guard is being attached)."""
+
+    __slots__ = ("block_id",)
+    pool = None
+    is_null = False
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+
+
+def _live_blocks(pool) -> list:
+    return [_Held(b.block_id) for b in pool.blocks if b.ref_cnt > 0 and not b.is_null]
+
+
+def _sync_refcounts(guard) -> None:
+    """A guard attached to a busy pool adopts each live block once; shared ones hold more."""
+    pool = guard.allocator
+    ledger = guard.ledger(None)
+    for block in pool.blocks:
+        if block.ref_cnt > 1 and not block.is_null and ledger.is_live(block.block_id):
+            ledger.ref[block.block_id] = block.ref_cnt
+
+
+SPECS = {
+    BLOCK_POOL: AllocatorSpec(
+        alloc="get_new_blocks", free="free_blocks", share="touch", id_attr="block_id",
+        refcounted=True, skip=_not_this_pools, iterator_ok=True, size="num_gpu_blocks",
+        free_count="get_num_free_blocks", live_ids=_live_blocks,
+        adapter=adapter(_sync_refcounts, freeing("unpin_blocks")),
+    ),
+}

@@ -1,0 +1,267 @@
+"""SGLang 0.5.23, on the real ``allocator/base.py``, ``token.py`` and ``paged.py`` from the wheel in
+KVGUARD_ENGINE_CACHE, and ``ReqToTokenPool`` from ``memory_pool.py`` (that class only: the file
+needs Triton at import; its memory saver is a no-op). The paged allocator runs its torch
+fallbacks (``alloc_extend_naive``/``alloc_decode_naive``), with the platform saying no Triton.
+
+sglang#36739 fixed free groups; its test runs the 0.5.23 allocator with free groups as they were
+before the fix (a flag beside the pending list, the list never cleared), release path unchanged.
+"""
+
+import pytest
+import torch
+
+import kvguard
+from kvguard.adapters.sglang import PAGED_ALLOCATOR, REQ_TO_TOKEN_POOL, SPECS, TOKEN_ALLOCATOR
+
+from . import engines
+
+
+@pytest.fixture(scope="module")
+def sg():
+    with engines.loaded("sglang") as ns:
+        yield ns
+
+
+def token_allocator(sg, size=8, cls=None):
+    cls = cls or sg.TokenToKVPoolAllocator
+    return cls(size=size, dtype=torch.float16, device="cpu", kvcache=None, need_sort=False)
+
+
+def paged_allocator(sg, size=32, page_size=4):
+    return sg.PagedTokenToKVPoolAllocator(size=size, page_size=page_size, dtype=torch.float16,
+                                          device="cpu", kvcache=None, need_sort=False)
+
+
+def free_list(a):
+    return a.free_pages.tolist(), a.release_pages.tolist(), a.available_size()
+
+
+def test_the_builtin_specs_are_found_for_the_real_classes(sg):
+    registry = kvguard.registry
+    assert registry.spec_for(sg.TokenToKVPoolAllocator) is SPECS[TOKEN_ALLOCATOR]
+    assert registry.spec_for(sg.PagedTokenToKVPoolAllocator) is SPECS[PAGED_ALLOCATOR]
+    assert registry.spec_for(sg.ReqToTokenPool) is SPECS[REQ_TO_TOKEN_POOL]
+    kvguard.instrument()
+    for a in (token_allocator(sg), paged_allocator(sg),
+              sg.ReqToTokenPool(size=4, max_context_len=8, device="cpu",
+                                enable_memory_saver=False)):
+        g = kvguard.guard_of(a)
+        assert g is not None and g.ledger().learn is False and g.live == {}
+
+
+def test_token_allocator_frees_int32_views_of_req_to_token(sg):
+    a = token_allocator(sg)
+    g = kvguard.guard(a)
+    req_to_token = torch.zeros((2, 8), dtype=torch.int32)
+    req_to_token[1, :3] = a.alloc(3)
+    a.free(req_to_token[1, :2])
+    a.free(req_to_token[1, 2:3])
+    assert g.violations == [] and g.live == {} and g.check() == {None: (0, 0)}
+    with pytest.raises(kvguard.DoubleFreeError):
+        a.free(req_to_token[1, :1])
+
+
+def test_unguarded_a_bool_mask_frees_padding_slot_0(sg):
+    """The control: ``torch.cat`` promotes the mask to 0/1."""
+    a = token_allocator(sg)
+    a.alloc(4)
+    a.free(torch.tensor([True, False, True, False]))
+    assert a.free_pages.tolist() == [5, 6, 7, 8, 1, 0, 1, 0]
+    assert a.alloc(8).tolist().count(1) == 2  # slot 1 handed out twice, padding slot 0 too
+
+
+def test_regression_sglang_bool_tensor_free(sg):
+    """A bool mask passed to ``free()`` (the ids it selects were meant): caught at the call."""
+    a = token_allocator(sg)
+    g = kvguard.guard(a)
+    ids = a.alloc(4)
+    mask = ids > 2
+    before = free_list(a)
+    with pytest.raises(kvguard.BoolIdError) as info:
+        a.free(mask)
+    assert free_list(a) == before and sorted(g.live) == [1, 2, 3, 4]
+    assert "mask.nonzero()" in info.value.violation.message
+    a.free(ids[mask])  # what was meant
+    assert sorted(g.live) == [1, 2]
+
+
+@pytest.mark.parametrize("kind, bad", [
+    ("foreign-id", lambda ids: torch.tensor([0])),                  # padding slot
+    ("invalid-id", lambda ids: torch.tensor([9])),                  # past the pool
+    ("duplicate-id", lambda ids: torch.cat([ids[:1], ids[:1]])),    # token free never dedups
+    ("invalid-id", lambda ids: ids.float()),
+    ("invalid-id", lambda ids: ids.reshape(1, -1)),
+])
+def test_token_allocator_rejects_bad_ids_with_nothing_changed(sg, kind, bad):
+    a = token_allocator(sg)
+    g = kvguard.guard(a)
+    ids = a.alloc(3)
+    before = free_list(a)
+    with pytest.raises(kvguard.KVGuardError) as info:
+        a.free(bad(ids))
+    assert info.value.kind == kind and free_list(a) == before
+    assert sorted(g.live) == ids.tolist()
+
+
+def test_deferred_frees_are_checked_at_the_deferred_call(sg):
+    a = token_allocator(sg)
+    g = kvguard.guard(a)
+    x = a.alloc(3)
+    a.free_group_begin()
+    a.free(x[:2])
+    with pytest.raises(kvguard.DoubleFreeError):
+        a.free(x[1:2])  # would be released twice when the group ends
+    a.free(x[2:])
+    assert a.available_size() == 5  # nothing released yet
+    a.free_group_end()
+    a.free_group_end()  # since sglang#36739, a second end frees nothing
+    assert a.available_size() == 8 and g.live == {} and len(g.violations) == 1
+
+
+def before_fix_36739(base):
+    class FreeGroupsBeforeFix(base):
+        """``free_group_begin``/``end`` as before sglang#36739: a flag says whether frees are
+        deferred, and ``free_group`` is never cleared. Releases go through 0.5.23's own
+        ``free()``, which releases when ``free_group`` is None."""
+
+        is_not_in_free_group = True
+
+        def free_group_begin(self):
+            self.is_not_in_free_group = False
+            self.free_group = []
+
+        def free_group_end(self):
+            self.is_not_in_free_group = True
+            if self.free_group:
+                self.free(torch.cat(self.free_group))
+
+        def free(self, free_index):
+            if not self.is_not_in_free_group:
+                self.free_group.append(free_index.clone())
+                return
+            group, self.free_group = self.free_group, None
+            try:
+                super().free(free_index)
+            finally:
+                self.free_group = group
+    return FreeGroupsBeforeFix
+
+
+def test_unguarded_a_second_free_group_end_frees_the_group_again(sg):
+    """The control for sglang#36739."""
+    a = token_allocator(sg, cls=before_fix_36739(sg.TokenToKVPoolAllocator))
+    x = a.alloc(2)
+    a.free_group_begin()
+    a.free(x)
+    a.free_group_end()
+    a.free_group_end()
+    assert a.available_size() == 10 > a.size
+
+
+def test_regression_sglang_36739_second_free_group_end(sg):
+    """sglang#36739: ``free_group_end()`` cleared the flag but left the list, so calling it
+    twice released the same slots again. Caught at the second call."""
+    a = token_allocator(sg, cls=before_fix_36739(sg.TokenToKVPoolAllocator))
+    g = kvguard.guard(a)
+    x = a.alloc(2)
+    a.free_group_begin()
+    a.free(x)
+    a.free_group_end()
+    assert g.violations == [] and a.available_size() == 8
+    with pytest.raises(kvguard.DoubleFreeError) as info:
+        a.free_group_end()
+    assert info.value.block_ids == tuple(x.tolist()) and a.available_size() == 8
+    assert "free_group_end" in [f["function"].rpartition(".")[2]
+                                for f in info.value.violation.to_dict()["call_stack"]]
+
+
+def test_clear_returns_every_slot(sg):
+    a = token_allocator(sg)
+    g = kvguard.guard(a)
+    a.alloc(5)
+    a.clear()
+    assert g.live == {}
+    a.free(a.alloc(8))
+    assert g.violations == [] and g.check() == {None: (0, 0)}
+
+
+def test_paged_allocator_is_tracked_by_page(sg):
+    p = paged_allocator(sg)
+    g = kvguard.guard(p)
+    tokens = p.alloc(8)  # two pages of four slots
+    pages = sorted(set((tokens // 4).tolist()))
+    assert sorted(g.live) == pages
+    p.free(torch.cat([tokens, tokens]))  # within one call: SGLang de-duplicates pages itself
+    assert g.violations == [] and g.live == {} and g.check() == {None: (0, 0)}
+
+
+def test_paged_allocator_catches_a_page_freed_in_two_calls(sg):
+    p = paged_allocator(sg)
+    g = kvguard.guard(p)
+    tokens = p.alloc(8)
+    p.free(tokens[:3])
+    before = p.free_pages.tolist()
+    with pytest.raises(kvguard.DoubleFreeError) as info:
+        p.free(tokens[3:5])  # slot 3 is on the first page, freed already
+    assert info.value.block_ids == (int(tokens[0]) // 4,) and p.free_pages.tolist() == before
+    with pytest.raises(kvguard.DuplicateIdError):
+        p.free_page_ids(torch.tensor([int(tokens[4]) // 4] * 2))  # "no page twice, no dedup"
+    assert sorted(g.live) == [int(tokens[4]) // 4]
+
+
+def test_paged_allocator_names_a_bool_mask_before_it_becomes_page_0(sg):
+    p = paged_allocator(sg)
+    g = kvguard.guard(p)
+    tokens = p.alloc(4)
+    before = p.free_pages.tolist()
+    with pytest.raises(kvguard.BoolIdError):
+        p.free(tokens > 0)
+    assert p.free_pages.tolist() == before and g.violations[0].method == "free"
+
+
+def test_paged_extend_and_decode_hand_out_new_pages_only(sg):
+    p = paged_allocator(sg)
+    g = kvguard.guard(p)
+    zero = torch.tensor([0])
+    out = p.alloc_extend(zero, zero, torch.tensor([6]), torch.tensor([6]), torch.tensor([-1]),
+                         extend_num_tokens=6)
+    assert sorted(g.live) == sorted(set((out // 4).tolist()))  # 6 slots: two pages
+    last = out[-1:]
+    d = p.alloc_decode(torch.tensor([7]), torch.tensor([7]), last)  # slot 7 of page 2
+    assert len(g.live) == 2 and int(d) // 4 == int(last) // 4
+    d = p.alloc_decode(torch.tensor([9]), torch.tensor([9]), d + 1)  # slot 9: a new page
+    assert len(g.live) == 3 and int(d) % 4 == 0
+    p.free_group_begin()
+    p.free(torch.cat([out, d]))
+    assert len(g.live) == 3  # deferred: checked when the group releases it
+    p.free_group_end()
+    assert g.live == {} and g.violations == [] and g.check() == {None: (0, 0)}
+
+
+def test_regression_sglang_36739_on_the_paged_allocator(sg):
+    p = paged_allocator(sg)
+    p.__class__ = before_fix_36739(sg.PagedTokenToKVPoolAllocator)
+    p.free_page_ids_group = []
+    g = kvguard.guard(p)
+    tokens = p.alloc(4)
+    p.free_group_begin()
+    p.free(tokens)
+    p.free_group_end()
+    with pytest.raises(kvguard.DoubleFreeError):
+        p.free_group_end()
+    assert g.stats.violations == {"double-free": 1}
+
+
+def test_req_to_token_rows(sg):
+    rows = sg.ReqToTokenPool(size=4, max_context_len=8, device="cpu", enable_memory_saver=False)
+    g = kvguard.guard(rows)
+    got = rows.alloc_rows(2)
+    with pytest.raises(kvguard.ForeignIdError):
+        rows.free_rows([0])  # the padding row
+    with pytest.raises(kvguard.DuplicateIdError):
+        rows.free_rows([got[0], got[0]])
+    assert rows.free_slots == [1, 2]
+    rows.free_rows(got)
+    with pytest.raises(kvguard.DoubleFreeError):
+        rows.free_rows(got[:1])
+    assert g.check() == {None: (0, 0)}

@@ -227,6 +227,12 @@ class Guard:
         self._install()
         own[_ATTR] = self
         _GUARDS.add(self)
+        if spec.adapter is not None:  # an engine adapter's extra wrappers (kvguard.adapters)
+            try:
+                spec.adapter(self)
+            except BaseException:
+                self.unguard()
+                raise
 
     def _seed(self, allocator) -> None:
         """Start from the allocator's present state: its free count, and live ids if known."""
@@ -668,9 +674,9 @@ class Guard:
         self._protect(self._commit_release, plan)
         return result
 
-    def _after_alloc(self, args, kwargs, result, site) -> None:
+    def _after_alloc(self, args, kwargs, result, site, method=None) -> None:
         spec = self.spec
-        method = spec.alloc
+        method = method or spec.alloc
         pool = self._pool(method, args, kwargs)
         ledger = self.ledger(pool)
         norm = result_ids(result, spec.id_attr, spec.skip)

@@ -54,6 +54,7 @@ class KVGuardFixture:
     def assert_no_leaks(self) -> None:
         """Raise ``kvguard.LeakError`` if blocks the test body handed out are still live.
         Blocks of fixtures are not counted: they are freed at teardown, and checked then."""
+        __tracebackhide__ = True
         state = self._state
         found = self._manager.tracker.leaks((state.nodeid,), state.nodeid, only_changed=False,
                                             at="now")

@@ -1,7 +1,8 @@
 """pytester runs of the plugin, in this process unless a test needs a fresh interpreter.
 
-Modules a pytester run imports are dropped from ``sys.modules`` afterwards; numpy, torch-free
-kvguard and its examples are imported here first, so they are loaded once and stay loaded.
+Modules a pytester run imports are dropped from ``sys.modules`` afterwards; numpy, hypothesis
+(its pytest plugin imports it at the end of every run), kvguard and its examples are imported
+here first, so they are loaded once and stay loaded.
 Every test checks that the run it made left kvguard as it found it: the registry, the
 subscribers, instrumentation, the raises contexts and the gc hook.
 """
@@ -10,6 +11,7 @@ import gc
 import importlib
 import textwrap
 
+import hypothesis  # noqa: F401
 import numpy  # noqa: F401  (the ledger scans with it; a second import of numpy warns)
 import pytest
 from _pytest import raises as pytest_raises
@@ -33,7 +35,7 @@ kvguard.register("kvguard.examples.RefcountedPool", REFCOUNTED_POOL_SPEC)
 
 @pytest.fixture(autouse=True)
 def _run_leaves_kvguard_as_it_was():
-    specs = dict(registry._specs)
+    specs, builtins_loaded = dict(registry._specs), registry._builtins_loaded
     subscribers = list(guard_module._subscribers)
     callbacks = list(gc.callbacks)
     exits = {cls: cls.__dict__["__exit__"] for cls in (pytest_raises.RaisesExc,
@@ -41,6 +43,7 @@ def _run_leaves_kvguard_as_it_was():
     yield
     registry._specs.clear()
     registry._specs.update(specs)
+    registry._builtins_loaded = builtins_loaded
     assert not registry.instrumented(), "the run left instrumentation on"
     assert guard_module._subscribers == subscribers, "the run left a subscriber"
     assert gc.callbacks == callbacks, "the run left a gc callback"

@@ -25,7 +25,7 @@ _KVGUARD_DIR = os.path.dirname(os.path.abspath(__file__))
 _MACHINERY = frozenset(
     os.path.join(_KVGUARD_DIR, f"{name}.py")
     for name in ("guard", "ids", "ledger", "stacks", "report", "registry", "cache", "tables",
-                 "staging")
+                 "staging", "writes")
 )
 _ADAPTERS_DIR = os.path.join(_KVGUARD_DIR, "adapters")
 """The engine adapters' wrappers are machinery too: a report starts at the engine's frame."""

@@ -1,20 +1,30 @@
 """Block tables checked against the ledger: who may read and write which block.
 
-A block table maps each sequence (owner) to the blocks its attention reads. An entry that is not
-live is ``stale-table`` (the block was freed, maybe already handed to someone else); a live block
-in more owners' tables than it has references is ``shared-block``. The 2-D tensor form is checked
-on the tensor's own device with a handful of vectorized ops and no per-row Python loop.
+A block table maps each sequence (owner) to the blocks its attention reads and writes. An entry
+that is not live is ``stale-table``: the block was freed (maybe already handed to someone else),
+never handed out, or, when the engine labels its allocations with ``kvguard.owner(key)`` using
+the table's keys, it is another owner's unshared block. A live block in more owners' tables than
+it has references is ``shared-block``: those owners overwrite each other's KV state. A block
+listed twice in one owner's table counts once (vLLM's sliding window re-lists blocks).
+
+Two forms, one meaning. A mapping owner -> ids (lists, tuples, numpy arrays, tensors on any
+device, objects carrying ``id_attr``) is read in Python, with every tensor in it fetched in one
+transfer per device. A padded 2-D integer tensor (one row per sequence, negative entries as
+padding) is checked on its own device with a fixed handful of vectorized ops and one host sync
+on the clean path; only a table that holds violations pays for locating them.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+import sys
 
 from . import kinds
 from .ids import result_ids, torch_tensor_type
 
 
 def check_tables(guard, tables, pool=None) -> list:
+    """The violations ``tables`` holds against ``guard``'s ledger (recording and raising is the
+    caller's: ``Guard.check_tables``). Bad input raises ``TypeError``/``ValueError``."""
     ledger = guard.ledger(pool)
     Tensor = torch_tensor_type()
     if Tensor is not None and isinstance(tables, Tensor):
@@ -22,22 +32,28 @@ def check_tables(guard, tables, pool=None) -> list:
     elif hasattr(tables, "items"):
         stale, shared = _mapping_form(guard, ledger, tables)
     else:
-        raise TypeError("check_tables() takes a mapping owner -> ids or a 2-D integer tensor, "
-                        f"not {type(tables).__name__}")
+        raise TypeError("check_tables() takes a mapping owner -> ids or a 2-D integer tensor "
+                        f"(one row per sequence), not {type(tables).__name__}")
     found = []
     if stale:
         ids = tuple(sorted(stale))
-        where = "; ".join(f"block {b} in {_owners(stale[b])}" for b in ids[:6])
+        where = "; ".join(f"block {b} in {_owners(stale[b])} ({_state(ledger, b)})"
+                          for b in ids[:6])
+        more = f"; and {len(ids) - 6} more" if len(ids) > 6 else ""
         found.append(guard._violation(kinds.STALE_TABLE, ids, (
-            f"{len(ids)} block(s) in the block tables are not live ({where}): a sequence "
-            "still reads blocks it freed, or that were handed to someone else; drop them from "
-            "its table when freeing"), "check_tables", pool, ledger, ids))
+            f"{len(ids)} block(s) in the block tables are not the table owner's to use "
+            f"({where}{more}): a sequence still reads or writes blocks it freed, or that "
+            "belong to someone else; drop them from its table when freeing"),
+            "check_tables", pool, ledger, ids))
     if shared:
         ids = tuple(sorted(shared))
-        where = "; ".join(f"block {b} in {_owners(shared[b])}" for b in ids[:6])
+        where = "; ".join(f"block {b} in {_owners(shared[b])}, {ledger.refcount(b)} "
+                          f"reference(s)" for b in ids[:6])
+        more = f"; and {len(ids) - 6} more" if len(ids) > 6 else ""
         found.append(guard._violation(kinds.SHARED_BLOCK, ids, (
             f"{len(ids)} block(s) appear in more sequences' tables than they have references "
-            f"({where}): those sequences overwrite each other's KV state"),
+            f"({where}{more}): those sequences overwrite each other's KV state; share a block "
+            "through the allocator (a reference each) or copy it"),
             "check_tables", pool, ledger, ids))
     return found
 
@@ -47,60 +63,162 @@ def _owners(owners) -> str:
     return shown + (f" (+{len(owners) - 4})" if len(owners) > 4 else "")
 
 
+def _state(ledger, b) -> str:
+    """Why block ``b`` is not the table owner's: free, never handed out, or someone else's."""
+    from .ledger import OWNERS
+    from .stacks import SITES
+
+    if not ledger.in_range(b):
+        return f"outside the pool [0, {ledger.size})"
+    if b >= len(ledger.stamp) or ledger.stamp[b] == 0:
+        return "never handed out"
+    if ledger.stamp[b] < 0:
+        return f"free since call #{-ledger.stamp[b]}"
+    label = OWNERS.labels[SITES.owner(ledger.origin[b])]
+    return f"owned by {label!r}"
+
+
+# --- the mapping form ------------------------------------------------------------------------
+
 def _mapping_form(guard, ledger, tables):
-    holders = defaultdict(list)
-    stale = defaultdict(list)
-    for owner, ids in tables.items():
-        norm = result_ids(ids, guard.spec.id_attr, guard.spec.skip)
-        for b in dict.fromkeys(norm.ids):
-            (holders if ledger.is_live(b) else stale)[b].append(owner)
+    from .ledger import OWNERS
+    from .stacks import SITES
+
+    spec = guard.spec
+    rows = _read_mapping(tables, spec.id_attr, spec.skip)
+    stamp, origin = ledger.stamp, ledger.origin
+    size = len(stamp)
+    labels, known = OWNERS.labels, OWNERS.index
+    site_owner = SITES.owner
+    holders: dict = {}
+    stale: dict = {}
+    for owner, ids in rows:
+        try:
+            labelled = owner in known
+        except TypeError:  # an unhashable key cannot be an owner label
+            labelled = False
+        for b in dict.fromkeys(ids):
+            if not (b < size and stamp[b] > 0):
+                stale.setdefault(b, []).append(owner)
+            elif labelled and ledger.refcount(b) == 1 and \
+                    labels[site_owner(origin[b])] not in (None, owner):
+                stale.setdefault(b, []).append(owner)
+            else:
+                holders.setdefault(b, []).append(owner)
     shared = {b: owners for b, owners in holders.items() if len(owners) > ledger.refcount(b)}
     return stale, shared
 
 
+def _read_mapping(tables, id_attr, skip) -> list:
+    """``[(owner, [ids])]`` with padding (negative ids) dropped. Tensors are fetched together,
+    one transfer per device, not one per owner."""
+    Tensor = torch_tensor_type()
+    numpy = sys.modules.get("numpy")
+    rows, tensors = [], []
+    for owner, value in tables.items():
+        if Tensor is not None and isinstance(value, Tensor):
+            dtype = value.dtype
+            if dtype.is_floating_point or dtype.is_complex or dtype is sys.modules["torch"].bool \
+                    or value.dim() > 1:
+                raise ValueError(f"check_tables(): the table of {owner!r} is a {value.dim()}-D "
+                                 f"{dtype} tensor; block ids are a 1-D integer tensor")
+            rows.append((owner, None))
+            tensors.append((len(rows) - 1, value))
+            continue
+        if type(value) in (list, tuple):
+            value = [b for b in value if not (type(b) is int and b < 0)]
+        elif numpy is not None and isinstance(value, numpy.ndarray) and value.dtype.kind == "i":
+            value = value[value >= 0]
+        norm = result_ids(value, id_attr, skip)
+        if norm.faults:
+            raise ValueError(f"check_tables(): the table of {owner!r}: {norm.faults[0].message}")
+        rows.append((owner, norm.ids))
+    if tensors:
+        _fetch(rows, tensors)
+    return rows
+
+
+def _fetch(rows, tensors) -> None:
+    import torch
+
+    by_device: dict = {}
+    for at, t in tensors:
+        by_device.setdefault(t.device, []).append((at, t))
+    for group in by_device.values():
+        flat = torch.cat([t.reshape(-1).long() for _, t in group]).tolist()
+        start = 0
+        for at, t in group:
+            n = t.numel()
+            rows[at] = (rows[at][0], [b for b in flat[start:start + n] if b >= 0])
+            start += n
+
+
+# --- the tensor form -------------------------------------------------------------------------
+
 def _tensor_form(ledger, tables):
     import torch
 
-    if tables.dim() != 2 or tables.dtype.is_floating_point or tables.dtype == torch.bool:
-        raise TypeError(f"a block-table tensor must be 2-D integer, not {tables.dim()}-D "
-                        f"{tables.dtype}")
+    if tables.dim() != 2 or tables.dtype.is_floating_point or tables.dtype.is_complex \
+            or tables.dtype == torch.bool:
+        raise TypeError(f"a block-table tensor must be 2-D integer (one row per sequence, "
+                        f"negative entries as padding), not {tables.dim()}-D {tables.dtype}")
+    if tables.numel() == 0:
+        return {}, {}
     device = tables.device
-    refs = _refcounts(ledger, torch).to(device, non_blocking=True)
+    refs = _upload(_refcounts(ledger, torch), device, torch)
     n = refs.numel()
     table = tables.long()
-    rows = torch.arange(table.shape[0], device=device).unsqueeze(1).expand_as(table)
     valid = table >= 0
-    ids = table[valid]
-    owners = rows[valid]
-    if ids.numel() == 0:
-        return {}, {}
-    live = ids < n
-    live[live.clone()] = refs[ids[live]] > 0
-    stale_ids, stale_rows = ids[~live], owners[~live]
-    width = int(n) + 1
-    pairs = torch.unique(owners[live] * width + ids[live])
-    pair_ids = pairs % width
-    counts = torch.bincount(pair_ids, minlength=width)[:n]
-    over = counts > refs
-    shared_ids = torch.nonzero(over).flatten()
-    shared_pairs = pairs[over[pair_ids.clamp(max=max(n - 1, 0))]] if n else pairs[:0]
-    stale, shared = defaultdict(list), defaultdict(list)
-    for b, r in zip(stale_ids.tolist(), stale_rows.tolist()):
-        if r not in stale[b]:
-            stale[b].append(r)
-    if shared_ids.numel():
-        for pair in shared_pairs.tolist():
-            shared[pair % width].append(pair // width)
-    return stale, shared
+    in_pool = valid & (table < n)
+    safe = torch.where(in_pool, table, torch.zeros((), dtype=torch.long, device=device))
+    if n:
+        live = in_pool & (refs[safe] > 0)
+    else:
+        live = torch.zeros_like(valid)
+    stale = valid & ~live
+    # Owners per block: sort each row, count each live block once per row, add up over rows.
+    keys = torch.where(live, table, torch.full((), n, dtype=torch.long, device=device))
+    keys = keys.sort(dim=1).values
+    first = torch.ones_like(valid)
+    first[:, 1:] = keys[:, 1:] != keys[:, :-1]
+    counts = torch.zeros(n + 1, dtype=torch.long, device=device)
+    counts.index_add_(0, keys.reshape(-1), first.reshape(-1).long())
+    over = counts[:n] > refs
+    shared_entries = live & over[safe] if n else live
+    any_stale, any_shared = torch.stack((stale.any(), shared_entries.any())).tolist()
+    found_stale, found_shared = {}, {}
+    if any_stale:
+        _collect(found_stale, table, stale)
+    if any_shared:
+        _collect(found_shared, table, shared_entries)
+    return found_stale, found_shared
+
+
+def _collect(found, table, mask) -> None:
+    """Block -> rows holding it, for the entries ``mask`` selects (the violation path only)."""
+    where = mask.nonzero()
+    ids = table[mask].tolist()
+    for (row, _), b in zip(where.tolist(), ids):
+        rows = found.setdefault(b, [])
+        if row not in rows:
+            rows.append(row)
+
+
+def _upload(values, device, torch):
+    """A CPU tensor onto ``device`` without making the host wait for the device."""
+    if device.type == "cpu":
+        return values
+    if device.type == "cuda":
+        return values.pin_memory().to(device, non_blocking=True)
+    return values.to(device)
 
 
 def _refcounts(ledger, torch):
-    """References per block as an int64 CPU tensor, built from the ledger's columns in bulk."""
+    """References per block as an int32 CPU tensor, built from the ledger's columns in bulk."""
     n = len(ledger.stamp)
     if not n:
-        return torch.zeros(0, dtype=torch.long)
-    stamp = torch.frombuffer(ledger.stamp, dtype=torch.int64)
-    live = stamp > 0
+        return torch.zeros(0, dtype=torch.int32)
+    live = torch.frombuffer(ledger.stamp, dtype=torch.int64) > 0
     if ledger.ref is None:
-        return live.long()
-    return torch.frombuffer(ledger.ref, dtype=torch.int32).long() * live
+        return live.int()
+    return torch.frombuffer(ledger.ref, dtype=torch.int32) * live

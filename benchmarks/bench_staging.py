@@ -7,8 +7,9 @@ one process with garbage collection off while timing (as bench_guard.py does). T
 built exactly as staging builds them (``StagingConfig.guard_options()``): log mode, with
 ``KVGUARD_SAMPLE=100`` (full stacks for one call in 100, every call checked and counted) against
 the target of 1.2x raw on the fast pure-Python allocator, beside staging's other settings for
-comparison. Each line gives the ratio and the absolute cost added per operation, which is what
-carries over to an allocator of another speed. Then the start-up hook: the ``kvguard.pth`` line
+comparison, and on DeepSpeed 0.19.8's own BlockedAllocator when its sdist is in the engine cache.
+Each line gives the ratio and the absolute cost added per operation, which is what carries over
+to an allocator of another speed. Then the start-up hook: the ``kvguard.pth`` line
 without ``KVGUARD`` (what every Python process pays), and interpreter start with ``KVGUARD=1``.
 """
 
@@ -25,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import kvguard  # noqa: E402
-from bench_guard import compare  # noqa: E402
+from bench_guard import compare, load_deepspeed_allocator  # noqa: E402
 from kvguard.examples import LINKED_FREE_LIST_SPEC, LinkedFreeList  # noqa: E402
 from kvguard.staging import StagingConfig  # noqa: E402
 from trace import ValidatingFreeList, make_trace, pool_size  # noqa: E402
@@ -56,7 +57,9 @@ def startup_costs(repeat: int = 15) -> tuple:
     with KVGUARD=1 (``python -c pass``, the hook run by hand so that it is measured here even
     where kvguard.pth is not installed)."""
     from kvguard._pth import PTH_LINE
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {k: v for k, v in os.environ.items() if k != "KVGUARD"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     saved = os.environ.pop("KVGUARD", None)
     try:
         line = compile(PTH_LINE, "kvguard.pth", "exec")
@@ -101,6 +104,21 @@ def main() -> int:
             target = "   target <= 1.20x" if name == "KVGUARD_SAMPLE=100" else ""
             print(f"  log mode, {name:<26} {t / raw:5.2f}x  (+{extra:.2f} us/op; at 1.5 us/op "
                   f"raw that is {(1.5 + extra) / 1.5:.2f}x){target}")
+    BlockedAllocator = load_deepspeed_allocator()
+    if BlockedAllocator is None:
+        print("DeepSpeed 0.19.8 sdist not in the engine cache: skipped its ratio")
+    else:
+        SPECS[BlockedAllocator] = kvguard.AllocatorSpec(free_arg="blocks", size="_num_blocks",
+                                                        free_count="free_blocks")
+        ds_ops = make_trace(max(args.steps // 4, 500))
+        config = SETTINGS["KVGUARD_SAMPLE=100"]
+        med = compare({"raw": lambda: BlockedAllocator(n),
+                       "staged": lambda: staged(BlockedAllocator, n, config)},
+                      ds_ops, max(3, args.rounds // 2), lambda t: t.tolist())
+        extra = (med["staged"] - med["raw"]) / len(ds_ops) * 1e6
+        print(f"DeepSpeed 0.19.8 BlockedAllocator (its own code): raw "
+              f"{med['raw'] / len(ds_ops) * 1e6:.1f} us/op; log mode, KVGUARD_SAMPLE=100 "
+              f"{med['staged'] / med['raw']:.2f}x (+{extra:.2f} us/op)")
     per_line, cold, hot = startup_costs()
     print(f"start-up hook: the kvguard.pth line costs {per_line * 1e9:.0f} ns without KVGUARD; "
           f"python -c <hook>: {cold * 1e3:.1f} ms without KVGUARD, {hot * 1e3:.1f} ms with "

@@ -202,7 +202,7 @@ def summarize(records: Records, top: int = 10) -> dict:
         "skipped_lines": records.skipped,
         "dropped_lines": dropped,
         "by_kind": {k: {**e, "processes": len(e["processes"])}
-                    for k, e in sorted(by_kind.items(), key=lambda kv: -kv[1]["count"])},
+                    for k, e in sorted(by_kind.items(), key=lambda kv: (-kv[1]["count"], kv[0]))},
         "by_allocator": {c: {**a, "processes": len(a["processes"]),
                              "violations": dict(a["violations"]), "sample": sorted(a["sample"]),
                              "modes": sorted(a["modes"])}

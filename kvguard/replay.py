@@ -106,6 +106,13 @@ class ModelAllocator:
         return problems
 
 
+def _short(violation: dict) -> str:
+    """A report in a few words: its kind and blocks (the rest is in the file)."""
+    ids = violation.get("block_ids") or []
+    shown = f" of {_ids(ids)}" if ids else ""
+    return f"{violation.get('kind')}{shown}"
+
+
 def _ids(ids) -> str:
     return f"block {ids[0]}" if len(ids) == 1 else f"blocks {list(ids)}"
 
@@ -135,7 +142,6 @@ class Replay:
                 "first_wrong": first.to_dict() if first else None}
 
     def render(self) -> str:
-        from .report import Violation
         g = self.guard
         steps = self.steps
         span = f"calls #{steps[0].call}..#{steps[-1].call}" if steps else "no calls"
@@ -151,8 +157,7 @@ class Replay:
         width = max((len(str(list(s.ids))) for s in steps), default=0)
         width = min(width, 40)
         for v in by_call.pop(0, []):
-            lines.append(f"    >> reported before the first recorded call: "
-                         f"{Violation.from_dict(v).headline()}")
+            lines.append(f"    >> reported before the first recorded call: {_short(v)}")
         for s in steps:
             if s.gap_before:
                 lines.append(f"    ... {s.gap_before} call(s) not recorded (the model forgets "
@@ -163,11 +168,10 @@ class Replay:
                 lines.append(f"           !! {kind}: {message}")
             for v in by_call.pop(s.call, []):
                 lines.append(f"    >> the guard reported on the next {v.get('method') or ''}() "
-                             f"call: {Violation.from_dict(v).headline()}")
+                             f"call: {_short(v)}")
         for after, vs in sorted(by_call.items()):
             for v in vs:
-                lines.append(f"    >> reported after call #{after}: "
-                             f"{Violation.from_dict(v).headline()}")
+                lines.append(f"    >> reported after call #{after}: {_short(v)}")
         lines.append("")
         first = self.first_wrong
         if first is not None:

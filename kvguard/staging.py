@@ -514,9 +514,9 @@ def run_command(argv) -> int:
     parser.add_argument("--mode", choices=MODES, default=None,
                         help="log (default): record and forward; repair: forward a sanitized "
                              "call; raise: reject the bad call")
-    parser.add_argument("--log", metavar="DIR|TEMPLATE", default=None,
-                        help="a directory (default ./kvguard-logs) or a path template with "
-                             "{pid}")
+    parser.add_argument("--log", metavar="DIR|FILE.jsonl|TEMPLATE", default=None,
+                        help="a directory (default ./kvguard-logs, one file per process), one "
+                             "file for all processes, or a path template with {pid}")
     parser.add_argument("--stacks", choices=STACKS, default=None)
     parser.add_argument("--sample", type=int, metavar="N", default=None,
                         help="keep the call site of one call in N")
@@ -554,11 +554,15 @@ def run_command(argv) -> int:
         print(f"kvguard run: error: cannot run {command[0]!r}: {exc.strerror or exc}",
               file=sys.stderr)
         return 127
-    forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    # Ctrl-C reaches the whole foreground process group: the command gets it from the terminal
+    # (a second copy from here would look like a double Ctrl-C). A supervisor's SIGTERM or
+    # SIGHUP comes to this process alone: pass it on.
     previous = {}
-    for sig in forwarded:
+    for sig, handler in ((signal.SIGINT, signal.SIG_IGN),
+                         (signal.SIGTERM, lambda signum, _frame: child.send_signal(signum)),
+                         (signal.SIGHUP, lambda signum, _frame: child.send_signal(signum))):
         try:
-            previous[sig] = signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
+            previous[sig] = signal.signal(sig, handler)
         except (OSError, ValueError):
             pass
     try:

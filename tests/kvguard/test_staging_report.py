@@ -194,3 +194,25 @@ def test_help_lists_the_staging_commands():
     for name in ("run", "report", "replay"):
         assert f"  {name} " in out.stdout
     assert "KVGUARD_SAMPLE" in cli("run", "--help").stdout
+
+
+def test_run_passes_sigterm_on_to_the_command(tmp_path, staged_python):
+    (tmp_path / "serve.py").write_text(textwrap.dedent('''
+        import signal, sys, time
+        def stop(signum, frame):
+            print("got SIGTERM", flush=True)
+            sys.exit(5)
+        signal.signal(signal.SIGTERM, stop)
+        print("ready", flush=True)
+        time.sleep(60)
+    '''))
+    proc = subprocess.Popen([sys.executable, "-m", "kvguard", "run", "--log", "logs", "--",
+                             staged_python, "serve.py"], cwd=tmp_path, env=staged_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.terminate()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 5 and out.strip() == "got SIGTERM", err

@@ -56,6 +56,7 @@ class TestState:
         self.failed = False
         self.fixture = None
         self.marker_error = None
+        self.owners: list = []
 
 
 class Manager:
@@ -140,67 +141,61 @@ class Manager:
     # --- where the run is ------------------------------------------------------------------
 
     def _begin(self, item) -> TestState:
-        self.tracker.note()
         state = self._state = TestState(item, TestSettings(self.settings.leaks))
         try:
             state.settings = settings_for(item, self.settings.leaks)
         except pytest.fail.Exception as exc:
-            state.marker_error = exc  # raised once the setup ran, so teardown finds it sane
+            state.marker_error = exc  # raised once pytest's own setup ran: see below
         if state.settings.off:
             kvguard.uninstrument()
         return state
 
+    def _enter(self, item, phase: str, label_index: int) -> None:
+        """A phase starts: violations are the test's, blocks handed out are its own. Plain
+        hooks (not wrappers) and owner contexts closed only at the end of the test keep this
+        to a few microseconds; the phase stays set through its report."""
+        state = self._state
+        if state is None or state.item is not item:
+            state = self._begin(item)
+        self._phase = phase
+        owner = kvguard.owner(state.labels[label_index])
+        owner.__enter__()
+        state.owners.append(owner)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item) -> None:
+        self._enter(item, "setup", 0)
+
+    @pytest.hookimpl(trylast=True, specname="pytest_runtest_setup")
+    def pytest_runtest_setup_marker_error(self, item) -> None:
+        # After pytest's own setup, so the teardown that follows finds everything it expects.
+        state = self._state
+        if state is not None and state.marker_error is not None:
+            raise state.marker_error
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_call(self, item) -> None:
+        self._enter(item, "call", 1)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_teardown(self, item, nextitem) -> None:
+        self._enter(item, "teardown", 2)
+
+    def pytest_runtest_logfinish(self, nodeid, location) -> None:
+        if self._state is not None:
+            self._end(self._state)
+
     def _end(self, state: TestState) -> None:
+        self._phase = None
+        while state.owners:
+            state.owners.pop().__exit__(None, None, None)
         if state.settings.off:
             kvguard.instrument(**self._guard_options)
         if state.fixture is not None:
             state.fixture.close()
         self._state = None
         self._where = f"between tests, after {state.nodeid}"
-        self.tracker.end_test()
-
-    @pytest.hookimpl(wrapper=True, tryfirst=True)
-    def pytest_runtest_setup(self, item):
-        state = self._state
-        if state is None or state.item is not item:
-            state = self._begin(item)
-        self._phase = "setup"
-        try:
-            with kvguard.owner(state.labels[0]):
-                result = yield
-        finally:
-            self._phase = None
-        if state.marker_error is not None:
-            raise state.marker_error
-        return result
-
-    @pytest.hookimpl(wrapper=True, tryfirst=True)
-    def pytest_runtest_call(self, item):
-        state = self._state
-        self._phase = "call"
-        try:
-            with kvguard.owner(state.labels[1] if state is not None else None):
-                return (yield)
-        finally:
-            self._phase = None
-
-    @pytest.hookimpl(wrapper=True, tryfirst=True)
-    def pytest_runtest_teardown(self, item, nextitem):
-        state = self._state
-        self._phase = "teardown"
-        try:
-            with kvguard.owner(state.labels[2] if state is not None else None):
-                return (yield)
-        finally:
-            self._phase = None
-
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_protocol(self, item, nextitem):
-        try:
-            return (yield)
-        finally:
-            if self._state is not None and self._state.item is item:
-                self._end(self._state)
+        self.tracker.end_test(note=False)  # the leak scan noted every guard just now
 
     @pytest.hookimpl(wrapper=True)
     def pytest_fixture_setup(self, fixturedef, request):
@@ -246,6 +241,19 @@ class Manager:
         state = self._state
         if state is None or state.item is not item:
             return report
+        try:
+            self._judge(state, item, call, report)
+        except Exception:
+            import traceback
+
+            # A bug of the plugin, or kvguard patched by the test itself: fail this report
+            # with the traceback rather than crash the session.
+            report.outcome = "failed"
+            report.longrepr = ("kvguard: internal error in the pytest plugin while judging "
+                               f"this test:\n{traceback.format_exc()}")
+        return report
+
+    def _judge(self, state: TestState, item, call, report) -> None:
         when = call.when
         records = [r for r in state.records if r.when == when]
         for expectation in state.expectations:
@@ -266,7 +274,6 @@ class Manager:
             results.add_properties(item, report, state.records, leaks)
             if leaks and state.settings.leaks == "warn":
                 item.warn(KVGuardLeakWarning(results.leak_warning(leaks)))
-        return report
 
     def _unmet(self, state: TestState, when: str) -> list[str]:
         out = []
@@ -309,6 +316,8 @@ class Manager:
         return [results.outside_entry(where, v, self.worker) for where, v in self._outside]
 
     def pytest_sessionfinish(self, session, exitstatus) -> None:
+        if self._state is not None:  # the run was interrupted inside a test
+            self._end(self._state)
         self.tracker.end_test()
         if self.worker is not None:
             self.config.workeroutput["kvguard"] = {

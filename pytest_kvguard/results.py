@@ -55,6 +55,41 @@ class KVGuardRepr:
 # --- on each report -------------------------------------------------------------------------
 
 
+def render(violation) -> str:
+    """The report, or as much as can be said if rendering it fails (a test may have
+    monkeypatched kvguard itself): the plugin never turns a violation into a pytest crash."""
+    try:
+        return violation.render()
+    except Exception as exc:
+        return (f"kvguard: {getattr(violation, 'kind', '?')} of "
+                f"{list(getattr(violation, 'block_ids', ()))} "
+                f"on {getattr(violation, 'allocator_name', '?')} (its report could not be "
+                f"rendered: {exc!r})")
+
+
+def as_dict(violation, **more) -> dict:
+    try:
+        d = violation.to_dict()
+    except Exception as exc:
+        d = {"kind": getattr(violation, "kind", "?"),
+             "block_ids": list(getattr(violation, "block_ids", ())),
+             "message": f"(to_dict() failed: {exc!r})",
+             "allocator": {"class": getattr(violation, "allocator", ""),
+                           "name": getattr(violation, "allocator_name", ""),
+                           "address": getattr(violation, "allocator_address", "")},
+             "call_stack": [], "expected": getattr(violation, "expected", False),
+             "summary": f"SUMMARY: kvguard: {getattr(violation, 'kind', '?')}"}
+    d.update(more)
+    return d
+
+
+def _headline(violation) -> str:
+    try:
+        return violation.headline()
+    except Exception:
+        return f"{getattr(violation, 'kind', '?')} on {getattr(violation, 'allocator_name', '?')}"
+
+
 def judge(report, call, records, problems, leaks, leak_mode) -> None:
     """Put this phase's findings on its report; fail it if something unexpected happened.
 
@@ -62,8 +97,8 @@ def judge(report, call, records, problems, leaks, leak_mode) -> None:
     was skipped already keeps its own text, and gets what it does not show yet in a
     ``kvguard`` section."""
     report.kvguard = {
-        "violations": [dict(r.violation.to_dict(), when=r.when) for r in records],
-        "leaks": [dict(v.to_dict(), when="teardown", mode=leak_mode) for v in leaks],
+        "violations": [as_dict(r.violation, when=r.when) for r in records],
+        "leaks": [as_dict(v, when="teardown", mode=leak_mode) for v in leaks],
     }
     unexpected = [r for r in records if not r.violation.expected]
     failing = list(leaks) if leak_mode == "fail" else []
@@ -74,7 +109,7 @@ def judge(report, call, records, problems, leaks, leak_mode) -> None:
     if call.excinfo is not None:
         shown = {id(e.violation) for e in kvguard_errors(call.excinfo.value)}
     violations = [r.violation for r in unexpected] + failing
-    first = f"kvguard: {violations[0].headline()}" if violations else problems[0]
+    first = f"kvguard: {_headline(violations[0])}" if violations else problems[0]
     more = len(violations) + len(problems) - 1
     first += f" (and {more} more)" if more > 0 else ""
     parts = []
@@ -91,15 +126,15 @@ def judge(report, call, records, problems, leaks, leak_mode) -> None:
     if failing:
         blocks = sum(len(v.block_ids) for v in failing)
         parts.append(f"This test leaked {blocks} block(s) (--kvguard-leaks=fail).")
-    lines = [summary_line(v.to_dict()) for v in violations] + problems
+    lines = [summary_line(as_dict(v)) for v in violations] + problems
     if report.passed:
         report.outcome = "failed"
-        text = "\n".join([first, *parts]) + "".join("\n\n" + v.render() for v in violations)
+        text = "\n".join([first, *parts]) + "".join("\n\n" + render(v) for v in violations)
         report.longrepr = KVGuardRepr(text, first)
         report.sections.append(("kvguard", "\n".join(lines)))
     else:
         unseen = [v for v in violations if id(v) not in shown]
-        body = "\n".join(parts) + "".join("\n\n" + v.render() for v in unseen)
+        body = "\n".join(parts) + "".join("\n\n" + render(v) for v in unseen)
         report.sections.append(("kvguard", body if unseen else "\n".join(lines)))
 
 
@@ -120,7 +155,7 @@ def add_properties(item, report, records, leaks) -> None:
 def leak_warning(leaks) -> str:
     parts = []
     for v in leaks:
-        frames = v.to_dict()["call_stack"]
+        frames = as_dict(v)["call_stack"]
         at = f", handed out at {_where(frames[0])}" if frames else ""
         parts.append(f"{len(v.block_ids)} block(s) of {v.allocator_name}{at}")
     return ("kvguard: this test never freed " + "; ".join(parts)
@@ -128,7 +163,7 @@ def leak_warning(leaks) -> str:
 
 
 def outside_entry(where: str, violation: Violation, worker) -> dict:
-    return dict(violation.to_dict(), where=where, worker=worker)
+    return as_dict(violation, where=where, worker=worker)
 
 
 def summary_line(v: dict) -> str:
@@ -286,7 +321,11 @@ class Results:
             for entry in outside:
                 workers = f" (workers {', '.join(entry['workers'])})" if entry["workers"] else ""
                 tr.write_line(f"\nduring {entry['where']}{workers}:")
-                for line in Violation.from_dict(entry).render().splitlines():
+                try:
+                    text = render(Violation.from_dict(entry))
+                except Exception:
+                    text = summary_line(entry)
+                for line in text.splitlines():
                     tr.write_line(line)
         if t["internal_errors"]:
             tr.write_line(f"kvguard: {t['internal_errors']} internal error(s) in the guards: "

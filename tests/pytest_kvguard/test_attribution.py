@@ -346,3 +346,53 @@ def test_an_xfail_test_whose_violation_escapes_stays_xfailed(suite):
             pool.free(ids)
     """)
     suite.runpytest("-p", "kvguard").assert_outcomes(xfailed=1)
+
+
+def test_a_violation_in_another_thread_belongs_to_the_running_test(suite):
+    write(suite, """
+        import threading
+        from kvguard.examples import LinkedFreeList
+
+        def test_engine_thread():
+            pool = LinkedFreeList(8)
+            ids = pool.allocate(2)
+
+            def step():
+                try:
+                    pool.free(ids + ids)
+                except ValueError:
+                    pass
+
+            worker = threading.Thread(target=step, name="engine-loop")
+            worker.start()
+            worker.join()
+
+        def test_after():
+            pass
+    """)
+    result = suite.runpytest("-p", "kvguard", "--kvguard-leaks=off", "-p", "no:randomly")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*free() was called here (thread 'engine-loop'):",
+                                 "FAILED test_suite.py::test_engine_thread - kvguard: *"])
+
+
+def test_a_broken_report_never_crashes_the_session(suite):
+    write(suite, """
+        from kvguard.examples import LinkedFreeList
+        from kvguard.report import Violation
+
+        def test_patched(monkeypatch):
+            def broken(self):
+                raise RuntimeError("render is broken")
+            monkeypatch.setattr(Violation, "render", broken)
+            monkeypatch.setattr(Violation, "to_dict", broken)
+            pool = LinkedFreeList(8)
+            ids = pool.allocate(1)
+            try:
+                pool.free(ids + ids)
+            except ValueError:
+                pass
+    """)
+    result = suite.runpytest("-p", "kvguard", "--kvguard-leaks=off")
+    result.assert_outcomes(failed=1)
+    assert "INTERNALERROR" not in result.stdout.str()

@@ -45,6 +45,20 @@ def test_kvguard_and_its_builtin_specs_import_no_engine_and_no_torch():
     assert out.stdout.strip() == "[]"
 
 
+def test_a_run_under_the_plugin_without_engines_imports_none(tmp_path):
+    (tmp_path / "test_plain.py").write_text(textwrap.dedent(f"""
+        import sys
+
+        def test_nothing_heavy_was_imported():
+            assert sorted(m for m in sys.modules if m.split(".")[0] in {HEAVY!r}) == []
+    """))
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "kvguard", "-p",
+                          "no:cacheprovider", str(tmp_path / "test_plain.py")],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "1 passed" in out.stdout
+
+
 def test_instrument_guards_an_engine_module_imported_later(tmp_path, monkeypatch):
     """DeepSpeed's real ``blocked_allocator.py`` in a package tree on sys.path, imported after
     ``instrument()``: the post-import hook patches the class it declares."""

@@ -57,13 +57,15 @@ class DecodeWorkload:
         self.layers, self.blocks, self.block_size = layers, blocks, block_size
         self.heads, self.dim, self.batch = heads, dim, batch
         self.dtype, self.device = dtype, torch.device(device)
-        gen = torch.Generator().manual_seed(0)
-        self.k = [torch.randn(blocks, block_size, heads, dim, generator=gen).to(dtype).to(device)
-                  for _ in range(layers)]
-        self.v = [torch.randn(blocks, block_size, heads, dim, generator=gen).to(dtype).to(device)
-                  for _ in range(layers)]
-        self.q = torch.randn(batch, heads, dim, generator=gen).to(dtype).to(device)
-        self.new = torch.randn(batch, heads, dim, generator=gen).to(dtype).to(device)
+        torch.manual_seed(0)
+
+        def randn(*shape):  # made on the device: 8 GiB of CPU randn would take a minute
+            return torch.randn(*shape, dtype=dtype, device=self.device)
+
+        self.k = [randn(blocks, block_size, heads, dim) for _ in range(layers)]
+        self.v = [randn(blocks, block_size, heads, dim) for _ in range(layers)]
+        self.q = randn(batch, heads, dim)
+        self.new = randn(batch, heads, dim)
         self.write = self._write
         self.compute = True
 

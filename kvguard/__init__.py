@@ -31,14 +31,18 @@ __all__ = [
     "DuplicateIdError", "ForeignIdError", "Guard", "InconsistentError", "InvalidIdError",
     "KVGuardError", "LeakError", "LiveBlock", "SharedBlockError", "StaleTableError", "Stats",
     "TensorIdError", "Violation", "WriteAfterFreeError", "current_owner", "guard", "guard_cache",
-    "guard_of", "guards", "instrument", "instrumented", "kinds", "owner", "register",
+    "guard_writes", "guard_of", "guards", "instrument", "instrumented", "kinds", "owner", "register",
     "registered", "subscribe", "uninstrument", "unregister",
 ]
 
 
 def __getattr__(name):
-    # guard_cache lives with the tensor code; importing it here would cost every user.
+    # guard_cache and guard_writes live with the tensor code; importing it here would cost
+    # every user.
     if name == "guard_cache":
         from .cache import guard_cache
         return guard_cache
+    if name == "guard_writes":
+        from .writes import guard_writes
+        return guard_writes
     raise AttributeError(f"module 'kvguard' has no attribute {name!r}")

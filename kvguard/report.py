@@ -158,14 +158,18 @@ class Violation:
         lines += _stack_lines(self.call_stack)
         for block in self.blocks[:MAX_BLOCKS_DETAILED]:
             owned = f", owner {block.owner!r}" if block.owner is not None else ""
-            if block.state == "free" and block.freed_at:
-                lines.append(f"\nblock {block.block_id} was freed here by call "
-                             f"#{block.last_call}:")
+            free = block.state == "free"
+            if block.freed_at:
+                # A live block's last free is still the one to see: a stale owner wrote after
+                # it (write-after-free), or kept the id and freed it again (shared-block).
+                when = f"by call #{block.last_call}" if free else "before it was handed out again"
+                lines.append(f"\nblock {block.block_id} was {'' if free else 'last '}freed here "
+                             f"{when}:")
                 lines += _stack_lines(block.freed_at)
             if block.allocated_at:
-                when = f" by call #{block.last_call}" if block.state == "live" else ""
-                lines.append(f"\nblock {block.block_id} was {'last ' if block.state == 'free' else ''}"
-                             f"allocated here{when} ({block.state}{owned}):")
+                when = "" if free else f" by call #{block.last_call}"
+                lines.append(f"\nblock {block.block_id} was {'last ' if free else ''}allocated "
+                             f"here{when} ({block.state}{owned}):")
                 lines += _stack_lines(block.allocated_at)
         if self.history:
             lines.append("\nlast operations on this allocator, oldest first:")

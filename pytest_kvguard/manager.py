@@ -262,18 +262,20 @@ class Manager:
         problems = []
         if when != "setup" and not state.failed:
             problems += self._unmet(state, when)
-        leaks = []
+        leaks, leak_mode = [], state.settings.leaks
         if when == "teardown":
             leaks = self._leaks(state)
+            if leaks and leak_mode == "warn":
+                try:
+                    item.warn(KVGuardLeakWarning(results.leak_warning(leaks)))
+                except KVGuardLeakWarning:  # -W error::...KVGuardLeakWarning
+                    leak_mode = "fail"
         if records or problems or leaks:
-            results.judge(report, call, records, problems, leaks,
-                          state.settings.leaks if leaks else None)
+            results.judge(report, call, records, problems, leaks, leak_mode if leaks else None)
         if report.failed:
             state.failed = True
         if when == "teardown":
             results.add_properties(item, report, state.records, leaks)
-            if leaks and state.settings.leaks == "warn":
-                item.warn(KVGuardLeakWarning(results.leak_warning(leaks)))
 
     def _unmet(self, state: TestState, when: str) -> list[str]:
         out = []

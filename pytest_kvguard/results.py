@@ -125,7 +125,7 @@ def judge(report, call, records, problems, leaks, leak_mode) -> None:
     parts += [p for p in problems if p != first]
     if failing:
         blocks = sum(len(v.block_ids) for v in failing)
-        parts.append(f"This test leaked {blocks} block(s) (--kvguard-leaks=fail).")
+        parts.append(f"This test leaked {blocks} block(s), and leaks fail tests in this run.")
     lines = [summary_line(as_dict(v)) for v in violations] + problems
     if report.passed:
         report.outcome = "failed"
@@ -190,6 +190,7 @@ class Results:
         self.failed: dict[str, set] = {}
         self.outside: dict[tuple, dict] = {}
         self.allocators: dict[str, dict] = {}
+        self.report_error: str | None = None
 
     def add_report(self, report) -> None:
         payload = getattr(report, "kvguard", None)
@@ -258,9 +259,14 @@ class Results:
             "outside": list(self.outside.values()),
         }
         tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=1, default=repr)
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "w") as f:
+                json.dump(data, f, indent=1, default=repr)
+            os.replace(tmp, path)
+        except OSError as exc:
+            self.report_error = f"kvguard: could not write the JSON report to {path}: {exc}"
+            if os.path.isfile(tmp):
+                os.remove(tmp)
 
     def summary(self, tr, settings) -> None:
         t = self._totals()
@@ -277,8 +283,7 @@ class Results:
             if expected:
                 tail += f" ({expected} expected violation{'s' if expected > 1 else ''})"
             tr.write_line(head + tail)
-            if settings.report:
-                tr.write_line(f"kvguard: JSON report written to {settings.report}")
+            self._report_line(tr, settings)
             return
         tr.write_sep("=", "kvguard")
         tr.write_line(head)
@@ -331,5 +336,10 @@ class Results:
             tr.write_line(f"kvguard: {t['internal_errors']} internal error(s) in the guards: "
                           "those calls went through unchecked (see the 'kvguard' log)",
                           red=True)
-        if settings.report:
+        self._report_line(tr, settings)
+
+    def _report_line(self, tr, settings) -> None:
+        if self.report_error:
+            tr.write_line(self.report_error, red=True)
+        elif settings.report:
             tr.write_line(f"kvguard: JSON report written to {settings.report}")

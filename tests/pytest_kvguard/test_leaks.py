@@ -42,7 +42,7 @@ def test_leaks_fail_the_teardown_on_request(suite):
     result.stdout.fnmatch_lines([
         "*ERROR at teardown of test_leaky*",
         "kvguard: leak of blocks [[]0, 1, 2] on LinkedFreeList#*",
-        "This test leaked 3 block(s) (--kvguard-leaks=fail).",
+        "This test leaked 3 block(s), and leaks fail tests in this run.",
         "==*==ERROR: kvguard: leak of blocks [[]0, 1, 2] on LinkedFreeList#*",
         "3 block(s) handed out during test_suite.py::test_leaky are still live after its "
         "teardown*",
@@ -51,6 +51,15 @@ def test_leaks_fail_the_teardown_on_request(suite):
         "        pool.allocate(3)",
         "SUMMARY: kvguard: leak *test_suite.py:7 in test_leaky",
     ])
+
+
+def test_leak_warnings_made_errors_fail_the_teardown(suite):
+    write(suite, LEAKY)
+    result = suite.runpytest("-p", "kvguard", "-W",
+                             "error::pytest_kvguard.manager.KVGuardLeakWarning")
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(["*ERROR at teardown of test_leaky*",
+                                 "SUMMARY: kvguard: leak *test_suite.py:7 in test_leaky"])
 
 
 def test_leaks_off_says_nothing(suite):

@@ -174,3 +174,15 @@ def test_xdist_fails_the_right_tests_and_sums_up_on_the_controller(suite):
     data = _check_json(suite.path / "report.json", files=3, import_time_guards=2,
                        outside_kinds=["foreign-id"])
     assert sorted(data["outside"][0]["workers"]) == ["gw0", "gw1"]
+
+
+def test_a_report_that_cannot_be_written_is_one_line_not_a_crash(suite):
+    write(suite, """
+        def test_fine():
+            pass
+    """)
+    (suite.path / "taken").mkdir()
+    result = suite.runpytest("-p", "kvguard", "--kvguard-report=taken")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["kvguard: could not write the JSON report to *taken: *"])
+    assert "INTERNALERROR" not in result.stdout.str()

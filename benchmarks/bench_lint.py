@@ -1,0 +1,96 @@
+"""What the KVG plugin costs a flake8 run.
+
+    python benchmarks/bench_lint.py [PATH] [--rounds N] [--jobs J] [--select CODES]
+
+Runs `flake8 -jJ PATH` with every installed plugin and then without the kvguard
+plugin, alternating, N rounds each, and prints the ratio of the medians. PATH
+defaults to DeepSpeed 0.19.8's deepspeed/inference, unpacked from the sdist in
+$KVGUARD_ENGINE_CACHE (default ~/.cache/kvguard-engines). The target is <= 1.25.
+
+flake8 runs every installed plugin whatever --select says, so the default is plain
+`flake8` (no --select): the cost every user of the plugin pays on every lint run.
+One warm-up run of each kind is made first; it also builds the project index cache,
+as any first run in a project does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+
+WITHOUT_PLUGIN = """
+import sys
+from flake8.plugins import finder
+_find = finder.find_plugins
+def find_plugins(cfg, opts):
+    return [p for p in _find(cfg, opts) if p.entry_point.name != "KVG"]
+finder.find_plugins = find_plugins
+from flake8.main.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+WITH_PLUGIN = "import sys\nfrom flake8.main.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+
+
+def default_target() -> tuple[str, str]:
+    """(cwd, path) of DeepSpeed's deepspeed/inference, unpacking the sdist once."""
+    cache = os.environ.get("KVGUARD_ENGINE_CACHE", os.path.expanduser("~/.cache/kvguard-engines"))
+    sdist = os.path.join(cache, "deepspeed-0.19.8.tar.gz")
+    if not os.path.exists(sdist):
+        sys.exit(f"bench_lint: {sdist} is missing: pip download --no-deps deepspeed==0.19.8 -d {cache}")
+    unpacked = os.path.join(tempfile.gettempdir(), "kvguard-bench", "deepspeed-0.19.8")
+    if not os.path.isdir(unpacked):
+        with tarfile.open(sdist) as archive:
+            archive.extractall(os.path.dirname(unpacked), filter="data")
+    return unpacked, "deepspeed/inference"
+
+
+def timed(script: str, args: list, cwd: str) -> float:
+    # An installed package has its bytecode compiled; let an editable checkout cache
+    # it too, or every run would pay for compiling the plugin.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", script, *args], cwd=cwd, env=env, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if done.returncode not in (0, 1):
+        sys.exit(f"bench_lint: flake8 failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    return elapsed
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("path", nargs="?")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--jobs", default="1")
+    parser.add_argument("--select", default=None, help="pass --select to both runs")
+    options = parser.parse_args(argv)
+    if options.path:
+        cwd, path = os.getcwd(), options.path
+    else:
+        cwd, path = default_target()
+    args = [f"-j{options.jobs}", path]
+    if options.select:
+        args.insert(0, f"--select={options.select}")
+    timed(WITH_PLUGIN, args, cwd)
+    timed(WITHOUT_PLUGIN, args, cwd)
+    with_plugin, without_plugin = [], []
+    for _ in range(options.rounds):
+        without_plugin.append(timed(WITHOUT_PLUGIN, args, cwd))
+        with_plugin.append(timed(WITH_PLUGIN, args, cwd))
+    print(f"flake8 {' '.join(args)}  (cwd {cwd})")
+    print(f"  without kvguard: {' '.join(f'{t:.2f}' for t in without_plugin)}")
+    print(f"  with kvguard:    {' '.join(f'{t:.2f}' for t in with_plugin)}")
+    # The fastest run is the least disturbed by the rest of the machine.
+    best = min(with_plugin) / min(without_plugin)
+    typical = statistics.median(with_plugin) / statistics.median(without_plugin)
+    print(f"  ratio: {best:.2f}x best-of-{options.rounds}, {typical:.2f}x median  (target <= 1.25x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""The one analysis behind both faces: source in, findings out.
+
+flake8 and `kvguard lint` both call `lint_source`; they differ only in how they read
+files, filter by code and `# noqa`, and print.
+"""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from . import analysis, positions
+from .cstutil import source_of
+from .prefilter import prefilter_for
+from .rules import RULES
+
+MAX_SOURCE = 20_000_000  # characters; bigger files are generated data, not code
+
+
+class Finding:
+    """One finding: 1-based line, 0-based column (flake8's convention)."""
+
+    __slots__ = ("code", "line", "col", "message", "fix")
+
+    def __init__(self, code, line, col, message, fix=None):
+        self.code = code
+        self.line = line
+        self.col = col
+        self.message = message  # starts with the code, as flake8 prints it
+        self.fix = fix  # (old node, new node) or None
+
+    def key(self):
+        return (self.line, self.col, self.code, self.message)
+
+    def __repr__(self):
+        return f"Finding({self.line}:{self.col} {self.message!r})"
+
+
+class _Raw:
+    __slots__ = ("code", "node", "message", "fix", "related")
+
+    def __init__(self, code, node, message, fix, related):
+        self.code = code
+        self.node = node
+        self.message = message
+        self.fix = fix
+        self.related = related
+
+
+class Context(analysis.Analysis):
+    """The analysis as the rules see it: inference plus reporting."""
+
+    def __init__(self, module, config, index):
+        self.raw = []
+        super().__init__(module, config, index, RULES, self._report)
+
+    def _report(self, code, node, message, fix=None, related=None):
+        self.raw.append(_Raw(code, node, message, fix, related))
+
+    def short(self, node):
+        text = source_of(node).strip()
+        if len(text) > 40 or "\n" in text:
+            return "ids"
+        return text
+
+    def builtin_available(self, name, scope):
+        return name not in self.imports and name not in self.shadowed and scope.lookup(name) is None
+
+
+def parse(source):
+    """The libcst module, or None for anything that is not valid Python to libcst."""
+    if isinstance(source, bytes):
+        if len(source) > MAX_SOURCE * 4:
+            return None
+    elif len(source) > MAX_SOURCE:
+        return None
+    try:
+        return cst.parse_module(source)
+    except (cst.ParserSyntaxError, RecursionError, MemoryError, ValueError, UnicodeError, SyntaxError):
+        return None
+    except Exception as exc:  # libcst's native parser reports some inputs oddly
+        if type(exc).__name__ in ("ParserSyntaxError", "PanicException"):
+            return None
+        raise
+
+
+def analyze(module, config, index):
+    """Findings (with positions) for a parsed module."""
+    context = Context(module, config, index)
+    context.run()
+    raw = context.raw
+    if not raw:
+        return []
+    nodes = [r.node for r in raw] + [r.related for r in raw if r.related is not None]
+    found = positions.positions(module, nodes)
+    findings = {}
+    for r in raw:
+        line, col = found.get(id(r.node), (1, 0))
+        message = r.message
+        if r.related is not None:
+            message = message.replace("{related_line}", str(found.get(id(r.related), (1, 0))[0]))
+        finding = Finding(r.code, line, col, message, r.fix)
+        findings.setdefault((line, col, r.code), finding)
+    return sorted(findings.values(), key=Finding.key)
+
+
+def lint_source(source, config, index, *, use_prefilter=True):
+    """Findings for one file's source (str, or bytes with its PEP 263 encoding).
+
+    `index` is the project index or a function returning it, called only for files
+    that pass the pre-filter. Anything libcst cannot parse yields no finding (flake8
+    reports it as E999)."""
+    if use_prefilter:
+        text = source if isinstance(source, str) else source.decode("latin-1")
+        if not prefilter_for(config).may_hold_findings(text, index):
+            return []
+    module = parse(source)
+    if module is None:
+        return []
+    if callable(index):
+        index = index()
+    try:
+        return analyze(module, config, index)
+    except RecursionError:
+        return []
+
+
+def selected(code: str, select) -> bool:
+    return select is None or any(code.startswith(prefix) for prefix in select)
+
+
+_NOQA = re.compile(r"# noqa(?::[\s]?(?P<codes>([A-Z]+[0-9]+(?:[,\s]+)?)+))?", re.IGNORECASE)
+_NOQA_FILE = re.compile(r"\s*# flake8[:=]\s*noqa", re.I)
+
+
+def file_is_noqa(lines) -> bool:
+    """`# flake8: noqa` at the start of a line skips a file, as in flake8."""
+    return any(_NOQA_FILE.match(line) for line in lines)
+
+
+def noqa_lines(source: str) -> dict:
+    """{line number: text searched for `# noqa`}, as flake8 maps it: a noqa comment
+    covers every line of a multi-line string it ends."""
+    import io
+    import tokenize
+
+    lines = source.splitlines(True)
+    mapping = {}
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        return {number: line for number, line in enumerate(lines, 1)}
+    start = end = None
+    for token in tokens:
+        if token.type in (tokenize.ENDMARKER, tokenize.DEDENT):
+            continue
+        start = token.start[0] if start is None else min(start, token.start[0])
+        end = token.end[0] if end is None else max(end, token.end[0])
+        if token.type in (tokenize.NL, tokenize.NEWLINE):
+            joined = "".join(lines[start - 1:end])
+            for number in range(start, end + 1):
+                mapping[number] = joined
+            start = end = None
+    return mapping
+
+
+def suppressed(finding, mapping) -> bool:
+    line = mapping.get(finding.line)
+    if line is None:
+        return False
+    match = _NOQA.search(line)
+    if match is None:
+        return False
+    codes = match.group("codes")
+    if not codes:
+        return True
+    wanted = tuple(code for code in re.split(r"[,\s]+", codes) if code)
+    return finding.code.startswith(wanted)

@@ -1,0 +1,111 @@
+"""A textual test that skips files which cannot hold a finding, before parsing.
+
+Most files never call a free-like function and never hash tensor elements. flake8
+runs every installed plugin on every file whatever `--select` says, so the checker
+reads each file's text with a few regular expressions and parses only the rest.
+
+The test is exact with respect to the rules, not a guess: every finding needs
+- a free-like call with an argument, or a free-like `def` with a parameter
+  (KVG101-104, KVG106, KVG201, KVG202), or
+- a hash-based container or de-duplication made by a call or a comprehension
+  (set(), dict(), Counter(), defaultdict(), dict.fromkeys(), {... for ...}) and
+  some source of tensors (torch,
+  a Tensor annotation, a torch-only method such as .cuda(), a configured name, or a
+  function the project index knows returns a tensor) (KVG105).
+"""
+
+from __future__ import annotations
+
+import re
+
+from . import torch_api
+
+_EMPTY_CALL = re.compile(r"\s*\)")
+_NO_ARGUMENT_DEF = re.compile(r"\s*(?:(?:self|cls)\s*,?\s*)?\)")
+_DEF_BEFORE = re.compile(r"def\s+$")
+_WORD_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+
+# Regular expressions that start with a literal are scanned fast by `re`; a leading
+# \b or look-behind makes it try every position (about 5x slower on real code). So
+# the patterns find candidates and `_starts_word` checks what precedes them.
+_CONTAINERS = re.compile(r"set\s*\(|dict\s*\(|fromkeys|Counter|OrderedDict")
+_COMPREHENSION = re.compile(r"\{(?:[^{}]|\{[^{}]*\})*?\bfor\b")
+_TENSOR_WORDS = re.compile(
+    r"torch|Tensor|\.(?:%s)\s*\(" % "|".join(sorted(torch_api.TORCH_ONLY_METHODS))
+)
+_WORD = re.compile(r"[A-Za-z_]\w*")
+
+
+def _after(text: str, start: int, dot_ok: bool) -> bool:
+    """Whether text[start:] begins a name: not the tail of another name, and not an
+    attribute unless `dot_ok` (`collections.Counter(` is, `x.set(` is not)."""
+    if start == 0:
+        return True
+    before = text[start - 1]
+    return before not in _WORD_CHARS and (dot_ok or before != ".")
+
+
+def _has_container(text: str) -> bool:
+    for match in _CONTAINERS.finditer(text):
+        start = match.start()
+        word = match.group()
+        if word.startswith(("set", "dict")):
+            prefix = "frozen" if word.startswith("set") else "default"
+            if _after(text, start, dot_ok=False):
+                return True
+            if text.startswith(prefix, start - len(prefix)) and _after(text, start - len(prefix), dot_ok=True):
+                return True
+        elif _after(text, start, dot_ok=True):
+            return True
+    return _COMPREHENSION.search(text) is not None
+
+
+class Prefilter:
+    def __init__(self, config):
+        names = sorted(config.free_names, key=len, reverse=True)
+        self._free = re.compile(r"(?:%s)\s*\(" % "|".join(map(re.escape, names)))
+        self._configured = frozenset(name.rpartition(".")[2] for name in config.tensor_functions)
+
+    def has_free_call(self, text: str) -> bool:
+        """A call to a free-like name with an argument, or a def of one taking some."""
+        for match in self._free.finditer(text):
+            start = match.start()
+            if start and text[start - 1] in _WORD_CHARS:
+                continue  # `my_free(`: another name
+            end = match.end()
+            if _EMPTY_CALL.match(text, end):
+                continue
+            line_start = text.rfind("\n", 0, start) + 1
+            if _DEF_BEFORE.search(text, line_start, start) and _NO_ARGUMENT_DEF.match(text, end):
+                continue
+            return True
+        return False
+
+    def has_tensor_hashing(self, text: str, index) -> bool:
+        if not _has_container(text):
+            return False
+        if _TENSOR_WORDS.search(text):
+            return True
+        words = set(_WORD.findall(text))
+        if words & self._configured:
+            return True
+        index = index() if callable(index) else index
+        return any(word in index.returns for word in words)
+
+    def may_hold_findings(self, text: str, index) -> bool:
+        """`index` is the project index, or a function that loads it (only called
+        when the answer depends on it)."""
+        return self.has_free_call(text) or self.has_tensor_hashing(text, index)
+
+
+_prefilters: dict = {}
+
+
+def prefilter_for(config) -> Prefilter:
+    """The pre-filter for a configuration (compiled once per process)."""
+    key = config.key()
+    found = _prefilters.get(key)
+    if found is None:
+        found = Prefilter(config)
+        _prefilters[key] = found
+    return found

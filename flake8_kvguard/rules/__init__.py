@@ -1,0 +1,33 @@
+"""The rules, one module each; this table is the rule set.
+
+Every rule module has a CODE, a one-line SUMMARY, the MESSAGE template it reports
+(what is wrong and what to do), whether it can FIX what it finds, and its examples:
+BAD snippets that it must flag, GOOD ones it must leave alone and, for fixable
+rules, the FIXED form of each BAD snippet. docs/rules.md is written from them and
+its examples run as tests.
+"""
+
+from . import (
+    kvg101_tensor_ids,
+    kvg102_duplicate_ids,
+    kvg103_bool_ids,
+    kvg104_double_free,
+    kvg105_tensor_hashing,
+    kvg106_tensor_element_id,
+    kvg201_no_duplicate_check,
+    kvg202_unnormalized_ids,
+)
+
+RULES = (
+    kvg101_tensor_ids,
+    kvg102_duplicate_ids,
+    kvg103_bool_ids,
+    kvg104_double_free,
+    kvg105_tensor_hashing,
+    kvg106_tensor_element_id,
+    kvg201_no_duplicate_check,
+    kvg202_unnormalized_ids,
+)
+
+BY_CODE = {rule.CODE: rule for rule in RULES}
+CODES = tuple(BY_CODE)

@@ -1,0 +1,112 @@
+"""KVG106: a 0-dim tensor element used as an id in a free-like call.
+
+`t[i]` and the items of `for b in t` are 0-dim tensors, not ints: they hash by
+identity (an allocator's `in`/set checks miss them) and index a tensor as tensors.
+Pass int(t[i]).
+"""
+
+import libcst as cst
+
+from ..cstutil import builtin_call
+from ..values import ELEMENT, SEQUENCE, is_bool
+
+CODE = "KVG106"
+SUMMARY = "a 0-dim tensor element used as an id in a free-like call"
+MESSAGE = (
+    "KVG106 {callee}() gets a 0-dim tensor element as block id: it hashes by identity "
+    "and indexes as a tensor; pass int({ids})"
+)
+FIXABLE = True
+
+BAD = [
+    """\
+import torch
+
+def drop_last(allocator, block_ids: torch.Tensor) -> None:
+    allocator.free(block_ids[-1])
+""",
+    """\
+import torch
+
+def drop(allocator, block_ids: torch.Tensor) -> None:
+    for block in block_ids:
+        allocator.free_block(block)
+""",
+    """\
+import torch
+
+def drop(allocator, block_ids: torch.Tensor) -> None:
+    allocator.free([block_ids[0], block_ids[1]])
+""",
+]
+FIXED = [
+    """\
+import torch
+
+def drop_last(allocator, block_ids: torch.Tensor) -> None:
+    allocator.free(int(block_ids[-1]))
+""",
+    """\
+import torch
+
+def drop(allocator, block_ids: torch.Tensor) -> None:
+    for block in block_ids:
+        allocator.free_block(int(block))
+""",
+    """\
+import torch
+
+def drop(allocator, block_ids: torch.Tensor) -> None:
+    allocator.free([int(block_ids[0]), int(block_ids[1])])
+""",
+]
+GOOD = [
+    """\
+import torch
+
+def drop_last(allocator, block_ids: torch.Tensor) -> None:
+    allocator.free(int(block_ids[-1]))
+""",
+    """\
+import torch
+
+def drop(allocator, block_ids: torch.Tensor) -> None:
+    for block in block_ids.tolist():
+        allocator.free_block(block)
+""",
+]
+
+
+def check_free_call(call, ctx):
+    val = call.val
+    if is_bool(val):
+        return  # KVG103: a bool is rejected, never coerced with int()
+    ids = call.ids
+    scope = call.scope
+    if val.kind == ELEMENT:
+        ctx.report(CODE, ids, _message(call, ctx.short(ids)), fix=_int_fix(ids, ctx, scope))
+        return
+    if val.kind != SEQUENCE or val.item is None or val.item.kind != ELEMENT:
+        return
+    if type(ids) in (cst.List, cst.Tuple):
+        for element in ids.elements:
+            if type(element) is cst.Element and ctx.infer(element.value, scope).kind == ELEMENT:
+                value = element.value
+                ctx.report(CODE, value, _message(call, ctx.short(value)), fix=_int_fix(value, ctx, scope))
+        return
+    if type(ids) in (cst.ListComp, cst.GeneratorExp) and ids.for_in.inner_for_in is None:
+        child = ctx.comprehension_scope(ids, scope)
+        if ctx.infer(ids.elt, child).kind == ELEMENT:
+            ctx.report(CODE, ids.elt, _message(call, ctx.short(ids.elt)), fix=_int_fix(ids.elt, ctx, child))
+            return
+    ctx.report(CODE, ids, _message(call, "id") .replace("pass int(id)", "pass ints, e.g. ids.tolist()"))
+
+
+def _message(call, ids):
+    return MESSAGE.format(callee=call.name, ids=ids)
+
+
+def _int_fix(node, ctx, scope):
+    if not ctx.builtin_available("int", scope):
+        return None
+    return (node, builtin_call("int", node))

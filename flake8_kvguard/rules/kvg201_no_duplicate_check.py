@@ -1,0 +1,164 @@
+"""KVG201: a free-like method validates ids one by one but never rejects duplicates.
+
+DeepSpeed 0.19.8 `BlockedAllocator.free` checks each id against its state ("already
+free?") in one loop and mutates in a second: `free([0, 0, 1])` passes validation,
+block 0 goes on the free list twice, the free count is off by one and block 0 is later
+handed to two sequences. Validating each id is not enough; reject repeats within the
+call too.
+"""
+
+import libcst as cst
+
+from ..cstutil import children, dotted_name, root_name
+
+CODE = "KVG201"
+SUMMARY = "free-like method validates ids one by one but never rejects duplicates"
+MESSAGE = (
+    "KVG201 {method}() validates '{param}' id by id but never rejects an id repeated "
+    "within the call: free([b, b]) passes and puts b on the free list twice; check "
+    "len(set(ids)) != len(ids) before changing any state"
+)
+FIXABLE = False
+
+BAD = [
+    """\
+class BlockedAllocator:
+    def free(self, blocks):
+        for block in blocks:
+            if block < 0 or block >= self._num_blocks:
+                raise ValueError(f"Invalid block {block} provided to free")
+            if self._blocks[block] != -1:
+                raise ValueError(f"Block {block} is already free")
+        for block in blocks:
+            self._blocks[block] = self._head
+            self._head = block
+            self._free_blocks += 1
+""",
+]
+GOOD = [
+    """\
+class BlockedAllocator:
+    def free(self, blocks):
+        if len(set(blocks)) != len(blocks):
+            raise ValueError("duplicate block ids")
+        for block in blocks:
+            if self._blocks[block] != -1:
+                raise ValueError(f"Block {block} is already free")
+        for block in blocks:
+            self._blocks[block] = self._head
+            self._head = block
+""",
+    """\
+class Pool:
+    def free(self, blocks):
+        for block in blocks:
+            if self._is_free[block]:
+                raise ValueError(f"Block {block} is already free")
+            self._is_free[block] = True  # a repeat fails the check above
+""",
+]
+
+_DEDUP_CALLS = frozenset(("set", "frozenset", "Counter", "fromkeys", "unique", "unique_consecutive"))
+_MUTATORS = frozenset(("add", "append", "appendleft", "remove", "discard", "pop", "put", "push", "extend"))
+_CHECKS = (cst.Raise, cst.Assert)
+
+
+def _walk(node):
+    """Nodes below `node`, not entering nested functions, classes or lambdas."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        if current is not node and type(current) in (cst.FunctionDef, cst.ClassDef, cst.Lambda):
+            continue
+        stack.extend(reversed(children(current)))
+
+
+def _iterates(node, names):
+    """`for x in P`, `for x in list(P)`, `for i, x in enumerate(P)` over one of names."""
+    if type(node) is cst.Name:
+        return node.value in names
+    if type(node) is cst.Call and type(node.func) is cst.Name and node.func.value in ("list", "tuple", "enumerate", "sorted"):
+        return bool(node.args) and _iterates(node.args[0].value, names)
+    return False
+
+
+def collection_names(function, param):
+    """The parameter and the names that only re-wrap it (`blocks = [blocks]`)."""
+    names = {param}
+    for node in _walk(function.body):
+        if type(node) is cst.Assign and len(node.targets) == 1 and type(node.targets[0].target) is cst.Name:
+            value = node.value
+            wraps = False
+            if type(value) in (cst.List, cst.Tuple) and len(value.elements) == 1:
+                element = value.elements[0].value
+                wraps = type(element) is cst.Name and element.value in names
+            elif _iterates(value, names):
+                wraps = True
+            if wraps:
+                names.add(node.targets[0].target.value)
+    return names
+
+
+def _validation_loops(function, names):
+    loops = []
+    for node in _walk(function.body):
+        if type(node) is cst.For and _iterates(node.iter, names):
+            if any(type(inner) in _CHECKS for inner in _walk(node.body)):
+                loops.append(node)
+        elif type(node) in (cst.Assert, cst.If):
+            test = node.test
+            checks = type(node) is cst.Assert or any(type(inner) is cst.Raise for inner in _walk(node.body))
+            if checks and _validates_each(test, names):
+                loops.append(node)
+    return loops
+
+
+def _validates_each(test, names):
+    for node in _walk(test):
+        if type(node) in (cst.GeneratorExp, cst.ListComp) and _iterates(node.for_in.iter, names):
+            return True
+    return False
+
+
+def _deduplicates(function, names):
+    for node in _walk(function.body):
+        if type(node) is cst.Call:
+            dotted = dotted_name(node.func)
+            last = dotted.rpartition(".")[2] if dotted else None
+            if last in _DEDUP_CALLS:
+                return True
+    return False
+
+
+def _mutates_per_id(loop):
+    """A loop that changes state for each id catches a repeat with its own check."""
+    if type(loop) is not cst.For:
+        return False
+    target = loop.target.value if type(loop.target) is cst.Name else None
+    for node in _walk(loop.body):
+        kind = type(node)
+        if kind is cst.Assign or kind is cst.AugAssign:
+            targets = [t.target for t in node.targets] if kind is cst.Assign else [node.target]
+            for target_node in targets:
+                if type(target_node) is cst.Subscript and root_name(target_node.value) not in (None, target):
+                    return True
+        elif kind is cst.Del:
+            return True
+        elif kind is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value in _MUTATORS:
+            return True
+        elif kind is cst.Comparison and any(type(t.operator) in (cst.In, cst.NotIn) for t in node.comparisons):
+            return True
+    return False
+
+
+def check_free_method(method, ctx):
+    function = method.function
+    names = collection_names(function, method.param)
+    loops = _validation_loops(function, names)
+    if not loops or any(_mutates_per_id(loop) for loop in loops):
+        return
+    if _deduplicates(function, names):
+        return
+    message = MESSAGE.format(method=function.name.value, param=method.param)
+    ctx.report(CODE, function.name, message)

@@ -1,0 +1,149 @@
+"""KVG202: a free-like method indexes or stores state with ids it did not normalize.
+
+`self._blocks[block] = self._head` with `block` straight from the caller: a bool
+`True` indexes (or overwrites) the whole tensor, a 0-dim tensor element stored as the
+free-list head hashes by identity and drags a tensor into every later allocation.
+Normalize each id once at the top of free(): reject bools, then operator.index().
+"""
+
+import libcst as cst
+
+from ..cstutil import children, dotted_name, root_name
+from .kvg201_no_duplicate_check import _iterates, collection_names
+
+CODE = "KVG202"
+SUMMARY = "free-like method indexes or stores state with ids it did not normalize to int"
+MESSAGE = (
+    "KVG202 {method}() {how} allocator state with '{name}' as the caller passed it: a "
+    "bool indexes the whole tensor and a 0-dim tensor hashes by identity; normalize "
+    "each id first (reject bools, then operator.index)"
+)
+FIXABLE = False
+
+BAD = [
+    """\
+class BlockedAllocator:
+    def free(self, blocks):
+        for block in blocks:
+            self._blocks[block] = self._head
+            self._head = block
+""",
+    """\
+class Pool:
+    def release_blocks(self, block_ids):
+        self.free_list.extend(block_ids)
+""",
+]
+GOOD = [
+    """\
+import operator
+
+class BlockedAllocator:
+    def free(self, blocks):
+        ids = []
+        for block in blocks:
+            if isinstance(block, bool):
+                raise TypeError("a bool is not a block id")
+            ids.append(operator.index(block))
+        for block in ids:
+            self._blocks[block] = self._head
+            self._head = block
+""",
+    """\
+from typing import Iterable
+
+class BlockPool:
+    def free_blocks(self, ordered_blocks: Iterable["KVCacheBlock"]) -> None:
+        for block in ordered_blocks:
+            block.ref_cnt -= 1
+            self.free_block_queue.append(block)
+""",
+]
+
+_STORES = frozenset(("append", "appendleft", "add", "extend", "insert", "put", "push", "update"))
+_NORMALIZERS = frozenset(("int", "index", "item", "isinstance", "type", "tolist"))
+_ID_METHODS = frozenset(("item", "tolist", "__index__", "__int__", "bit_length"))
+
+
+def _walk(node):
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        if current is not node and type(current) in (cst.FunctionDef, cst.ClassDef, cst.Lambda):
+            continue
+        stack.extend(reversed(children(current)))
+
+
+def check_free_method(method, ctx):
+    if method.tensor_param or method.self_name is None:
+        return
+    function = method.function
+    owner = method.self_name
+    collections = collection_names(function, method.param)
+    ids = set(collections)  # names holding caller-given ids, unnormalized
+    objects = set()  # ids used as objects (`block.ref_cnt`): not ids at all
+    uses = []  # (node, name, how)
+    for node in _walk(function.body):
+        kind = type(node)
+        if kind is cst.For:
+            if _iterates(node.iter, collections):
+                target = node.target
+                if type(target) in (cst.Tuple, cst.List) and len(target.elements) == 2:
+                    target = target.elements[1].value  # enumerate(P)
+                if type(target) is cst.Name:
+                    ids.add(target.value)
+        elif kind is cst.Assign:
+            value = node.value
+            for assigned in node.targets:
+                target = assigned.target
+                if type(target) is cst.Name and target.value in ids and target.value not in collections:
+                    ids.discard(target.value)  # rebound: normalized or replaced
+                elif type(target) is cst.Name and target.value in collections and _normalizes(value):
+                    ids.discard(target.value)
+                    collections = collections - {target.value}
+                elif root_name(target) == owner and type(value) is cst.Name and value.value in ids:
+                    uses.append((value, value.value, "stores into"))
+        elif kind is cst.Call:
+            callee = dotted_name(node.func)
+            last = callee.rpartition(".")[2] if callee else None
+            if last in _NORMALIZERS:
+                for arg in node.args:
+                    if type(arg.value) is cst.Name and arg.value.value in ids and arg.value.value not in collections:
+                        ids.discard(arg.value.value)
+            elif type(node.func) is cst.Attribute and node.func.attr.value in _STORES:
+                if root_name(node.func.value) == owner:
+                    for arg in node.args:
+                        if type(arg.value) is cst.Name and arg.value.value in ids:
+                            uses.append((arg.value, arg.value.value, "stores into"))
+            elif last == "heappush" and len(node.args) == 2 and root_name(node.args[0].value) == owner:
+                arg = node.args[1].value
+                if type(arg) is cst.Name and arg.value in ids:
+                    uses.append((arg, arg.value, "stores into"))
+        elif kind is cst.Subscript:
+            if root_name(node.value) == owner and len(node.slice) == 1:
+                index = node.slice[0].slice
+                if type(index) is cst.Index and type(index.value) is cst.Name and index.value.value in ids:
+                    uses.append((index.value, index.value.value, "indexes"))
+        elif kind is cst.Attribute:
+            if type(node.value) is cst.Name and node.value.value in ids and node.attr.value not in _ID_METHODS:
+                objects.add(node.value.value)
+    uses = [use for use in uses if use[1] not in objects]
+    if not uses:
+        return
+    node, name, how = uses[0]
+    ctx.report(CODE, node, MESSAGE.format(method=function.name.value, how=how, name=name))
+
+
+def _normalizes(value):
+    """`ids = [int(b) for b in ids]`, `ids = ids.tolist()`, `list(map(int, ids))`."""
+    if type(value) in (cst.ListComp, cst.GeneratorExp, cst.SetComp):
+        elt = value.elt
+        return type(elt) is cst.Call and (dotted_name(elt.func) or "").rpartition(".")[2] in _NORMALIZERS
+    if type(value) is cst.Call:
+        for node in _walk(value):
+            if type(node) is cst.Name and node.value in ("int", "index", "tolist"):
+                return True
+            if type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value in ("tolist", "item"):
+                return True
+    return False

@@ -367,14 +367,20 @@ def _lmcache(package, modules):
     import torch
 
     # The package import needs numba (device_ops), prometheus_client and more: stand-ins for the
-    # logger, the stats and pin monitors (no-ops), NVTX (identity) and get_size_bytes (as in
-    # lmcache/utils.py).
+    # logger (errors only), the stats and pin monitors (no-ops), NVTX (identity) and
+    # get_size_bytes (as in lmcache/utils.py).
     try:
         import sortedcontainers  # noqa: F401
     except ImportError:
         modules.stub("sortedcontainers", SortedList=list)
     modules.stub("lmcache", device_ops=None, torch_dev=None, torch_device_type="cpu")
-    modules.stub("lmcache.logging", init_logger=logging.getLogger)
+    def init_logger(name):
+        # Objects a test never frees warn from __del__ at exit; the guard is what is tested.
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.ERROR)
+        return logger
+
+    modules.stub("lmcache.logging", init_logger=init_logger)
     modules.stub("lmcache.observability", LMCStatsMonitor=_Anything)
 
     def get_size_bytes(shapes, dtypes):

@@ -38,6 +38,18 @@ def test_the_builtin_spec_is_found_for_the_real_class(ds):
     assert kvguard.guard_of(a).spec is SPECS[BLOCKED_ALLOCATOR]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an accelerator to pin memory")
+def test_with_an_accelerator_the_constructor_pins_its_free_list_as_shipped(ds):
+    a = ds.BlockedAllocator(8)
+    assert a._blocks.is_pinned()
+    g = kvguard.guard(a)
+    ids = a.allocate(3)
+    with pytest.raises(kvguard.TensorIdError):
+        a.free(ids.cuda())
+    a.free(ids.tolist())
+    assert g.check() == {None: (0, 0)}
+
+
 def test_unguarded_the_seed_bug_hands_block_0_out_twice(ds):
     """The bug that started the project, on the real code: the control for the next test."""
     a = ds.BlockedAllocator(4)

@@ -106,3 +106,19 @@ def test_invalidated_objects_and_a_dying_allocator_release_nothing(lm):
     finally:
         unsubscribe()
     assert seen == []
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def test_pages_of_a_cuda_buffer(lm):
+    torch = lm.torch
+    shape, dtype = torch.Size([2, 1, 4, 8]), torch.float16
+    a = lm.PagedTensorMemoryAllocator(torch.zeros(8 * 128, dtype=torch.uint8, device="cuda"),
+                                      [shape], [dtype], lm.MemoryFormat.KV_2LTD)
+    g = kvguard.guard(a)
+    obj = a.allocate(shape, dtype)
+    assert obj.tensor.is_cuda
+    a.free(obj)
+    with pytest.raises(kvguard.DoubleFreeError):
+        a.free(obj)
+    a.batched_free(a.batched_allocate(shape, dtype, 3))
+    assert g.live == {} and g.check() == {None: (0, 0)}

@@ -265,3 +265,39 @@ def test_req_to_token_rows(sg):
     with pytest.raises(kvguard.DoubleFreeError):
         rows.free_rows(got[:1])
     assert g.check() == {None: (0, 0)}
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@needs_cuda
+def test_cuda_slots_views_groups_and_pages(sg):
+    a = sg.TokenToKVPoolAllocator(size=64, dtype=torch.float16, device="cuda", kvcache=None,
+                                  need_sort=False)
+    x = a.alloc(8)
+    g = kvguard.guard(a)  # attached while busy: the live slots come from the CUDA free list
+    assert x.is_cuda and sorted(g.live) == x.tolist()
+    req_to_token = torch.zeros((2, 16), dtype=torch.int32, device="cuda")
+    req_to_token[1, :8] = x
+    a.free(req_to_token[1, :4])
+    with pytest.raises(kvguard.DoubleFreeError):
+        a.free(req_to_token[1, :1])
+    with pytest.raises(kvguard.BoolIdError):
+        a.free(x > 4)
+    a.free_group_begin()
+    a.free(req_to_token[1, 4:8])
+    a.free_group_end()
+    assert g.live == {} and g.check() == {None: (8, 8)}
+    p = sg.PagedTokenToKVPoolAllocator(size=256, page_size=16, dtype=torch.float16,
+                                       device="cuda", kvcache=None, need_sort=False)
+    gp = kvguard.guard(p)
+    tokens = p.alloc(32)
+    zero = torch.zeros(1, dtype=torch.int64, device="cuda")
+    out = p.alloc_extend(zero, zero.cpu(), torch.tensor([20], device="cuda"), torch.tensor([20]),
+                         torch.tensor([-1], device="cuda"), extend_num_tokens=20)
+    assert len(gp.live) == 4
+    p.free(torch.cat([tokens, tokens]))
+    with pytest.raises(kvguard.DoubleFreeError):
+        p.free(tokens[:1])
+    p.free(out)
+    assert gp.live == {} and gp.check() == {None: (0, 0)}

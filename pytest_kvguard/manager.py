@@ -24,6 +24,16 @@ from .markers import TestSettings, settings_for
 from .tracking import Tracker
 
 
+def site_table_full() -> bool:
+    """Past twice its capacity the site table stops interning new sites, owners included (it
+    bounds a server's memory): from then on new blocks belong to no test, so leaks go unseen.
+    Each test's owner label makes its allocation sites new ones, so a very large suite can get
+    there; the summary says so rather than go quiet."""
+    from kvguard.stacks import SITES
+
+    return len(SITES) >= 2 * SITES.capacity
+
+
 class KVGuardLeakWarning(pytest.PytestWarning):
     """Blocks a test handed out and never freed (``--kvguard-leaks=warn``)."""
 
@@ -141,11 +151,13 @@ class Manager:
     # --- where the run is ------------------------------------------------------------------
 
     def _begin(self, item) -> TestState:
-        state = self._state = TestState(item, TestSettings(self.settings.leaks))
+        leaks = self.settings.leaks
         try:
-            state.settings = settings_for(item, self.settings.leaks)
+            settings, error = settings_for(item, leaks), None
         except pytest.fail.Exception as exc:
-            state.marker_error = exc  # raised once pytest's own setup ran: see below
+            settings, error = TestSettings(leaks), exc
+        state = self._state = TestState(item, settings)
+        state.marker_error = error  # raised once pytest's own setup ran: see below
         if state.settings.off:
             kvguard.uninstrument()
         return state
@@ -255,13 +267,14 @@ class Manager:
 
     def _judge(self, state: TestState, item, call, report) -> None:
         when = call.when
-        records = [r for r in state.records if r.when == when]
-        for expectation in state.expectations:
-            if not expectation.scoped:
-                expectation.claim(records)
+        records = [r for r in state.records if r.when == when] if state.records else []
         problems = []
-        if when != "setup" and not state.failed:
-            problems += self._unmet(state, when)
+        if state.expectations:
+            for expectation in state.expectations:
+                if not expectation.scoped:
+                    expectation.claim(records)
+            if when != "setup" and not state.failed:
+                problems += self._unmet(state, when)
         leaks, leak_mode = [], state.settings.leaks
         if when == "teardown":
             leaks = self._leaks(state)
@@ -321,14 +334,17 @@ class Manager:
         if self._state is not None:  # the run was interrupted inside a test
             self._end(self._state)
         self.tracker.end_test()
+        sites_full = site_table_full()
         if self.worker is not None:
             self.config.workeroutput["kvguard"] = {
                 "outside": self._outside_entries(),
                 "allocators": self.tracker.counters(),
+                "sites_full": sites_full,
             }
             return
         self.results.add_outside(self._outside_entries())
         self.results.add_counters(self.tracker.counters())
+        self.results.sites_full |= sites_full
         if self.results.outside_unexpected() and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if self.settings.report:
@@ -340,6 +356,7 @@ class Manager:
         if data:
             self.results.add_outside(data.get("outside", ()))
             self.results.add_counters(data.get("allocators", {}))
+            self.results.sites_full |= bool(data.get("sites_full"))
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus, config) -> None:
         if self.worker is None:

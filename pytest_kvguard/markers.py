@@ -31,10 +31,16 @@ class TestSettings:
     off: bool = False
 
 
+_DEFAULTS = {leaks: TestSettings(leaks) for leaks in LEAKS}
+
+
 def settings_for(item: pytest.Item, leaks: str) -> TestSettings:
     """The item's settings; a malformed marker fails the test's setup with one line."""
+    marks = list(item.iter_markers(MARKER))  # closest first
+    if not marks:
+        return _DEFAULTS[leaks]
     merged: dict = {}
-    for mark in item.iter_markers(MARKER):  # closest first
+    for mark in marks:
         if mark.args:
             _fail(item, f"takes keywords only (leaks=..., off=...), not {mark.args!r}")
         for key, value in mark.kwargs.items():

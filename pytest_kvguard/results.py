@@ -141,6 +141,8 @@ def judge(report, call, records, problems, leaks, leak_mode) -> None:
 def add_properties(item, report, records, leaks) -> None:
     """The test's totals as user properties: junitxml writes them as ``<property>``, and they
     reach the xdist controller with the report."""
+    if not (records or leaks):
+        return
     props = []
     unexpected = sum(1 for r in records if not r.violation.expected)
     if unexpected:
@@ -191,6 +193,7 @@ class Results:
         self.outside: dict[tuple, dict] = {}
         self.allocators: dict[str, dict] = {}
         self.report_error: str | None = None
+        self.sites_full = False
 
     def add_report(self, report) -> None:
         payload = getattr(report, "kvguard", None)
@@ -243,6 +246,7 @@ class Results:
             "leaked_blocks": sum(len(v["block_ids"]) for v in self.leaks),
             "tests_with_leaks": len({v["nodeid"] for v in self.leaks}),
             "tests_failed_by_kvguard": sorted(self.failed),
+            "site_table_full": self.sites_full,
         }
 
     def write_json(self, path: str, settings) -> None:
@@ -277,7 +281,7 @@ class Results:
                 + (f" ({classes})" if classes else "")
                 + f", {t['alloc_calls']} alloc / {t['free_calls']} free calls")
         expected = t["expected_violations"]
-        clean = not (t["violations"] or self.leaks or t["internal_errors"])
+        clean = not (t["violations"] or self.leaks or t["internal_errors"] or self.sites_full)
         if clean:
             tail = ": no violations, no leaks"
             if expected:
@@ -336,6 +340,10 @@ class Results:
             tr.write_line(f"kvguard: {t['internal_errors']} internal error(s) in the guards: "
                           "those calls went through unchecked (see the 'kvguard' log)",
                           red=True)
+        if self.sites_full:
+            tr.write_line("kvguard: the call-site table filled up during the run: blocks handed "
+                          "out since then belong to no test, and their leaks went unseen "
+                          "(split the run, or use --kvguard-stacks=off)", yellow=True)
         self._report_line(tr, settings)
 
     def _report_line(self, tr, settings) -> None:

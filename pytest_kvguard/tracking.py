@@ -125,7 +125,7 @@ class Tracker:
         """One ``leak`` violation per guard and sub-pool holding live blocks handed out under
         any of ``owner_labels``, blamed on ``test``. ``only_changed`` skips guards with no
         hand-out since the previous scan (the previous test's teardown)."""
-        wanted = {OWNERS.index[label] for label in owner_labels if label in OWNERS.index}
+        wanted = None
         found = []
         for record in self.records():
             calls = record.stats.alloc_calls + record.stats.share_calls
@@ -133,6 +133,9 @@ class Tracker:
                 if calls == record.mark:
                     continue
                 record.mark = calls
+            if wanted is None:
+                index = OWNERS.index
+                wanted = {index[label] for label in owner_labels if label in index}
             if not wanted:
                 continue
             for pool, ledger in list(record.ledgers.items()):

@@ -218,3 +218,17 @@ def test_assert_no_leaks_checks_the_test_body_only(suite):
         "E       kvguard.errors.LeakError: ==*==ERROR: kvguard: leak of blocks [[]1, 2] on *",
         "E       2 block(s) handed out during test_suite.py::test_leaky_body are still live now*",
     ])
+
+
+def test_a_full_site_table_is_said_not_hidden(suite, monkeypatch):
+    """Past its bound the site table interns nothing new, owners included: leaks from then on
+    cannot be told, and the summary says so."""
+    from kvguard.stacks import SITES
+
+    monkeypatch.setattr(SITES, "capacity", 1)
+    write(suite, LEAKY)
+    result = suite.runpytest("-p", "kvguard", "--kvguard-leaks=fail",
+                             "--kvguard-report=report.json")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["kvguard: the call-site table filled up during the run*"])
+    assert '"site_table_full": true' in (suite.path / "report.json").read_text()

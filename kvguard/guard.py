@@ -427,7 +427,13 @@ class Guard:
                 return original(*args, **kwargs)
             with lock:
                 result = original(*args, **kwargs)
-                ids = result if type(result) is list else _int_tensor_ids(result)
+                if type(result) is list:
+                    ids = result
+                else:
+                    try:
+                        ids = _int_tensor_ids(result)
+                    except Exception:  # the slow path reads it again, under _protect
+                        ids = None
                 if fast and ids is not None:
                     size = len(stamp)
                     for b in ids:

@@ -208,6 +208,25 @@ def test_a_failing_watcher_is_contained_in_log_mode():
     assert g.stats.internal_errors >= 2
 
 
+class TensorFreeList(LinkedFreeList):
+    """Hands ids out as an int32 tensor, as DeepSpeed's BlockedAllocator does."""
+
+    def allocate(self, num_blocks):
+        import torch
+        return torch.tensor(super().allocate(num_blocks), dtype=torch.int32)
+
+
+@pytest.mark.parametrize("where", ["_int_tensor_ids", "torch_tensor_type"])
+def test_a_fault_reading_a_tensor_result_is_contained(monkeypatch, where):
+    a = TensorFreeList(8)
+    g = kvguard.guard(a, LINKED_FREE_LIST_SPEC, on_violation="log")
+    monkeypatch.setattr(guard_module, where, Flaky(getattr(guard_module, where)))
+    got = a.allocate(3)  # the fast path cannot read the tensor: the slow path does
+    assert got.tolist() == [0, 1, 2] and sorted(g.live) == [0, 1, 2]
+    a.free(got.tolist())
+    assert g.violations == [] and g.live == {} and a.free_blocks == 8
+
+
 # --- bounded memory ---------------------------------------------------------------------------
 
 def _distinct_sites(n):

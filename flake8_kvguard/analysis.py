@@ -779,7 +779,7 @@ class Analysis:
         """`t.tolist()` for an operand that is a definite tensor, or `list(t)` of one."""
         from .cstutil import method_call
 
-        if val.kind == TENSOR and not val.optional:
+        if val.kind in (TENSOR, ELEMENT) and not val.optional:
             return method_call(operand, "tolist")
         if (
             type(operand) is cst.Call
@@ -1063,8 +1063,10 @@ class Analysis:
                 module, _, function = canonical.rpartition(".")
                 if module == "torch":
                     return self._torch_function(function, node, scope)
-                if canonical in ("itertools.chain.from_iterable",):
+                if canonical == "itertools.chain.from_iterable":
                     return Val(SEQUENCE, dup="itertools.chain.from_iterable()")
+                if canonical == "itertools.chain":
+                    return self._chain(node, scope)
                 if canonical in CONTAINER_CALLS:
                     return Val(CONTAINER_CALLS[canonical])
             receiver = self.infer(func.value, scope)
@@ -1096,13 +1098,16 @@ class Analysis:
                 if builtin is not None:
                     return builtin
             if canonical == "itertools.chain":
-                parts = [elements(self.infer(arg.value, scope)) for arg in node.args]
-                dup = "itertools.chain()" if len(node.args) >= 2 or any(a.star for a in node.args) else None
-                return sequence_of(parts, dup=dup)
+                return self._chain(node, scope)
             if canonical in CONTAINER_CALLS and canonical != "set" and canonical != "frozenset" and canonical != "dict":
                 return Val(CONTAINER_CALLS[canonical])
             return self._declared_tensor(canonical, name, is_method=False)
         return NOTHING
+
+    def _chain(self, node, scope):
+        parts = [elements(self.infer(arg.value, scope)) for arg in node.args]
+        dup = "itertools.chain()" if len(node.args) >= 2 or any(a.star for a in node.args) else None
+        return sequence_of(parts, dup=dup)
 
     def _builtin(self, name, node, scope):
         args = positional_args(node)

@@ -80,7 +80,8 @@ def is_bool(val: Val) -> bool:
 def elements(val: Val) -> Val:
     """The value of one element when iterating over `val`."""
     kind = val.kind
-    if kind == TENSOR:
+    if kind == TENSOR or kind == ELEMENT:
+        # t[i] of a tensor of unknown rank may be a row: iterating it gives elements.
         return Val(ELEMENT, item=val.item)
     if kind == TENSORS:
         return Val(TENSOR, item=val.item)

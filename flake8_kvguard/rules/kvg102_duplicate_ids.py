@@ -18,7 +18,7 @@ FIXABLE = False
 
 BAD = [
     """\
-def finish(allocator, prefix_blocks, own_blocks) -> None:
+def finish(allocator, prefix_blocks: list[int], own_blocks: list[int]) -> None:
     allocator.free(prefix_blocks + own_blocks)
 """,
     """\
@@ -43,7 +43,7 @@ def finish(allocator, a: torch.Tensor, b: torch.Tensor) -> None:
 ]
 GOOD = [
     """\
-def finish(allocator, prefix_blocks, own_blocks) -> None:
+def finish(allocator, prefix_blocks: list[int], own_blocks: list[int]) -> None:
     allocator.free(list(dict.fromkeys(prefix_blocks + own_blocks)))
 """,
     """\

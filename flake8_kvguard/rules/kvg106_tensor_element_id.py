@@ -16,6 +16,10 @@ MESSAGE = (
     "KVG106 {callee}() gets a 0-dim tensor element as block id: it hashes by identity "
     "and indexes as a tensor; pass int({ids})"
 )
+MESSAGE_MANY = (
+    "KVG106 {callee}() gets 0-dim tensor elements as block ids: they hash by identity "
+    "and index as tensors; pass ints, e.g. t.tolist() rather than list(t)"
+)
 FIXABLE = True
 
 BAD = [
@@ -99,7 +103,7 @@ def check_free_call(call, ctx):
         if ctx.infer(ids.elt, child).kind == ELEMENT:
             ctx.report(CODE, ids.elt, _message(call, ctx.short(ids.elt)), fix=_int_fix(ids.elt, ctx, child))
             return
-    ctx.report(CODE, ids, _message(call, "id") .replace("pass int(id)", "pass ints, e.g. ids.tolist()"))
+    ctx.report(CODE, ids, MESSAGE_MANY.format(callee=call.name))
 
 
 def _message(call, ids):

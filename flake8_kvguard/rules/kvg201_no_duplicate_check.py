@@ -37,21 +37,27 @@ class BlockedAllocator:
 ]
 GOOD = [
     """\
+import operator
+
 class BlockedAllocator:
     def free(self, blocks):
-        if len(set(blocks)) != len(blocks):
+        ids = [operator.index(block) for block in blocks]
+        if len(set(ids)) != len(ids):
             raise ValueError("duplicate block ids")
-        for block in blocks:
+        for block in ids:
             if self._blocks[block] != -1:
                 raise ValueError(f"Block {block} is already free")
-        for block in blocks:
+        for block in ids:
             self._blocks[block] = self._head
             self._head = block
 """,
     """\
+import operator
+
 class Pool:
     def free(self, blocks):
         for block in blocks:
+            block = operator.index(block)
             if self._is_free[block]:
                 raise ValueError(f"Block {block} is already free")
             self._is_free[block] = True  # a repeat fails the check above
@@ -95,6 +101,8 @@ def collection_names(function, param):
                 wraps = type(element) is cst.Name and element.value in names
             elif _iterates(value, names):
                 wraps = True
+            elif type(value) in (cst.ListComp, cst.GeneratorExp) and _iterates(value.for_in.iter, names):
+                wraps = value.for_in.inner_for_in is None  # [operator.index(b) for b in blocks]
             if wraps:
                 names.add(node.targets[0].target.value)
     return names

@@ -396,3 +396,32 @@ def test_a_broken_report_never_crashes_the_session(suite):
     result = suite.runpytest("-p", "kvguard", "--kvguard-leaks=off")
     result.assert_outcomes(failed=1)
     assert "INTERNALERROR" not in result.stdout.str()
+
+
+def test_wide_fixture_teardown_is_outside_any_test(suite):
+    write(suite, """
+        import pytest
+        from kvguard.examples import LinkedFreeList
+
+        @pytest.fixture(scope="module")
+        def engine():
+            pool = LinkedFreeList(8)
+            ids = pool.allocate(2)
+            yield pool
+            pool.free(ids)
+            try:
+                pool.free(ids[:1])       # shutting down twice
+            except ValueError:
+                pass
+
+        def test_one(engine):
+            pass
+
+        def test_two(engine):
+            pass
+    """)
+    result = suite.runpytest("-p", "kvguard", "-p", "no:randomly")
+    result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["during teardown of module-scoped fixture 'engine':",
+                                 "*ERROR: kvguard: double-free of block 0*"])

@@ -62,8 +62,11 @@ def _sync_refcounts(guard) -> None:
     pool = guard.allocator
     ledger = guard.ledger(None)
     for block in pool.blocks:
-        if block.ref_cnt > 1 and not block.is_null and ledger.is_live(block.block_id):
+        if block.ref_cnt > 0 and not block.is_null and ledger.is_live(block.block_id):
             ledger.ref[block.block_id] = block.ref_cnt
+            # The pool says exactly how many references are out: no longer uncertain, so a
+            # drop below zero is a double free again, not something to learn.
+            ledger.uncertain.discard(block.block_id)
 
 
 SPECS = {

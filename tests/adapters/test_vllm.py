@@ -185,6 +185,8 @@ def test_attaching_to_a_busy_pool_adopts_its_references(vllm):
     pool.free_blocks([a, b])
     pool.free_blocks([a])
     assert g.violations == [] and g.live == {}
+    with pytest.raises(kvguard.DoubleFreeError):  # its references were exact, not learned
+        pool.free_blocks([a])
 
 
 @settings(max_examples=40, deadline=None)

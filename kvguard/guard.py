@@ -545,8 +545,20 @@ class Guard:
         ledger = self.ledger(pool)
         norm = normalize(value, tensor_ok=spec.tensor_ok, id_attr=spec.id_attr, skip=spec.skip,
                          iterator_ok=spec.iterator_ok, consume=self.mode == "repair", what=what)
-        faults = list(norm.faults)
+        faults = norm.faults
         ids = norm.ids
+        stamp = ledger.stamp
+        n = len(stamp)
+        is_share = method == spec.share
+        if not faults and len(set(ids)) == len(ids):
+            # The common case, checked in one pass: every id live (or, for a share, handed out
+            # at least once) and inside the ledger. Anything else is sorted out below.
+            for b in ids:
+                if not b < n or stamp[b] <= 0 and (not is_share or stamp[b] == 0):
+                    break
+            else:  # (b < len(stamp) means in range: a sized ledger is exactly its size long)
+                return _Plan(method, pool, ledger, norm, ids, [], site)
+        faults = list(faults)
         unique = list(dict.fromkeys(ids))
         if len(unique) != len(ids):
             counts = Counter(ids)
@@ -556,9 +568,7 @@ class Guard:
                 f"{what} got the same block id more than once in one call ({shown}): each copy "
                 "would go back on the free list and the block would be handed to two owners; "
                 "de-duplicate the ids (were two sources concatenated?)"), dups))
-        is_share = method == spec.share
         good, learned, foreign, double, out_of_range = [], [], [], [], []
-        stamp = ledger.stamp
         for b in unique:
             if not ledger.in_range(b):
                 out_of_range.append(b)
@@ -688,9 +698,17 @@ class Guard:
         norm = result_ids(result, spec.id_attr, spec.skip)
         faults = list(norm.faults)
         ids = norm.ids
+        stamp = ledger.stamp
+        n = len(stamp)
         fresh, shared, bad = [], [], []
-        seen = set()
-        for b in ids:
+        if not faults and len(set(ids)) == len(ids):
+            for b in ids:  # the common case in one pass: each id free or new, inside the ledger
+                if not b < n or stamp[b] > 0:
+                    break
+            else:
+                fresh = ids
+        seen = set() if fresh is not ids else ()
+        for b in ids if fresh is not ids else ():
             if b in seen:
                 shared.append(b)
                 continue

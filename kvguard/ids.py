@@ -82,6 +82,11 @@ def normalize(value, *, tensor_ok=False, id_attr=None, skip=None, iterator_ok=Fa
     copies its argument first). It is drained only with ``iterator_ok`` or ``consume`` (repair
     mode forwards the drained list); otherwise the caller's iterator is left untouched.
     """
+    tp = type(value)
+    if tp is list or tp is tuple:
+        quick = _plain_items(value, id_attr, skip)
+        if quick is not None:
+            return quick
     out = Normalized([])
     Tensor = torch_tensor_type()
     np = _numpy()
@@ -126,6 +131,28 @@ def normalize(value, *, tensor_ok=False, id_attr=None, skip=None, iterator_ok=Fa
             out.materialized = value
     _read_items(value, out, tensor_ok, id_attr, skip, what, Tensor, np)
     return out
+
+
+def _plain_items(items, id_attr, skip):
+    """The common case read in one pass: plain non-negative ints, or objects whose ``id_attr``
+    is one (vLLM's blocks). None as soon as anything needs the careful reader."""
+    if id_attr is None:
+        for x in items:
+            if type(x) is not int or x < 0:
+                return None
+        return Normalized(list(items))
+    if "." in id_attr:
+        return None
+    if skip is None:
+        objects, passthrough = list(items), []
+    else:
+        objects = [item for item in items if not skip(item)]
+        passthrough = [item for item in items if skip(item)] if len(objects) < len(items) else []
+    ids = [getattr(item, id_attr, None) for item in objects]
+    for b in ids:
+        if type(b) is not int or b < 0:
+            return None
+    return Normalized(ids, objects=objects, passthrough=passthrough)
 
 
 def _is_single(value, id_attr, Tensor, np) -> bool:

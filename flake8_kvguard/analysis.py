@@ -331,15 +331,18 @@ class Analysis:
             for small in stmt.body:
                 self.exec_small(small, scope)
         elif kind is cst.If:
-            self.scan(stmt.test, scope)
-            scope.guards.append(stmt.test)
-            self.exec_block(_block_body(stmt.body), scope)
-            scope.guards.pop()
-            if stmt.orelse is not None:
-                if type(stmt.orelse) is cst.If:
-                    self.exec_stmt(stmt.orelse, scope)
-                else:
-                    self.exec_block(_block_body(stmt.orelse.body), scope)
+            while True:  # an elif chain, without recursing once per elif
+                self.scan(stmt.test, scope)
+                scope.guards.append(stmt.test)
+                self.exec_block(_block_body(stmt.body), scope)
+                scope.guards.pop()
+                orelse = stmt.orelse
+                if type(orelse) is cst.If:
+                    stmt = orelse
+                    continue
+                if orelse is not None:
+                    self.exec_block(_block_body(orelse.body), scope)
+                break
         elif kind is cst.For:
             self.scan(stmt.iter, scope)
             self.bind_loop_target(stmt.target, stmt.iter, scope)
@@ -1424,14 +1427,15 @@ def _block_body(suite):
 
 def _compound_blocks(stmt):
     blocks = []
+    while type(stmt) is cst.If and type(stmt.orelse) is cst.If:  # an elif chain
+        blocks.append(_block_body(stmt.body))
+        stmt = stmt.orelse
     for name in ("body", "orelse", "finalbody"):
         part = getattr(stmt, name, None)
         if part is None:
             continue
         if isinstance(part, cst.BaseSuite):
             blocks.append(_block_body(part))
-        elif type(part) is cst.If:
-            blocks.append([part])  # an elif: walked as a statement of its own
         elif hasattr(part, "body") and isinstance(part.body, cst.BaseSuite):
             blocks.append(_block_body(part.body))
     for handler in getattr(stmt, "handlers", ()) or ():

@@ -7,6 +7,7 @@ files, filter by code and `# noqa`, and print.
 from __future__ import annotations
 
 import re
+import sys
 
 import libcst as cst
 
@@ -85,8 +86,31 @@ def parse(source):
         raise
 
 
+class deep_recursion:
+    """libcst generates code and transforms recursively, a few frames per nesting
+    level: raise the recursion limit while working on one module (Python 3.11
+    recursion between Python functions does not grow the C stack)."""
+
+    LIMIT = 20_000
+
+    def __enter__(self):
+        self.previous = sys.getrecursionlimit()
+        if self.previous < self.LIMIT:
+            sys.setrecursionlimit(self.LIMIT)
+        return self
+
+    def __exit__(self, *exc):
+        sys.setrecursionlimit(self.previous)
+        return False
+
+
 def analyze(module, config, index):
     """Findings (with positions) for a parsed module."""
+    with deep_recursion():
+        return _analyze(module, config, index)
+
+
+def _analyze(module, config, index):
     context = Context(module, config, index)
     context.run()
     raw = context.raw

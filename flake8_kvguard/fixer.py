@@ -65,8 +65,9 @@ def fix_source(source: bytes, config, index, select=None):
         if not fixes:
             break
         chosen = _outermost(fixes)
-        new_module = module.visit(_Replace({id(old): new for old, new in chosen}))
-        new_source = new_module.bytes
+        with engine.deep_recursion():
+            new_module = module.visit(_Replace({id(old): new for old, new in chosen}))
+            new_source = new_module.bytes
         if new_source == source:
             break
         source = new_source

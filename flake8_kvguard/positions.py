@@ -29,14 +29,6 @@ class _Found(Exception):
     pass
 
 
-def _line_col(prefix: str):
-    newlines = _NEWLINE.findall(prefix)
-    if not newlines:
-        return 1, len(prefix)
-    last = max(prefix.rfind("\n"), prefix.rfind("\r"))
-    return len(newlines) + 1, len(prefix) - last - 1
-
-
 if _CodegenState is not None:
 
     class _TargetedState(_CodegenState):
@@ -46,11 +38,29 @@ if _CodegenState is not None:
             super().__init__(default_indent=module.default_indent, default_newline=module.default_newline)
             self.targets = targets  # id(node) -> node
             self.found: dict = {}
+            self._counted = 0  # tokens already folded into line/column
+            self._line = 1
+            self._column = 0
+
+        def _advance(self):
+            tokens = self.tokens
+            line, column = self._line, self._column
+            for index in range(self._counted, len(tokens)):
+                token = tokens[index]
+                newlines = _NEWLINE.findall(token)
+                if newlines:
+                    line += len(newlines)
+                    column = len(token) - max(token.rfind("\n"), token.rfind("\r")) - 1
+                else:
+                    column += len(token)
+            self._counted = len(tokens)
+            self._line, self._column = line, column
+            return line, column
 
         def record_syntactic_position(self, node, *, start_node=None, end_node=None):
             key = id(node)
             if key in self.targets and key not in self.found:
-                self.found[key] = _line_col("".join(self.tokens))
+                self.found[key] = self._advance()
                 if len(self.found) == len(self.targets):
                     raise _Found
             return _NULL

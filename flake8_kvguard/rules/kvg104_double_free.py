@@ -151,6 +151,10 @@ class _Paths:
         self.keys = keys  # id(call) -> _Key
         self.ctx = ctx
         self.reported = set()
+        # Inside a loop's second pass, nested loops are walked once: their own
+        # repeats were found on the first pass, and walking each level twice would
+        # cost 2**depth.
+        self.single_pass = 0
 
     def block(self, statements, state):
         outcome = _Outcome()
@@ -170,23 +174,25 @@ class _Paths:
                     return None
             return state
         if kind is cst.If:
-            state = self.expression(stmt.test, state)
-            taken = self.block(_block(stmt.body), state)
-            if stmt.orelse is None:
-                other = state
-            elif type(stmt.orelse) is cst.If:
-                other_outcome = _Outcome()
-                other = self.statement(stmt.orelse, state, other_outcome)
-                outcome.breaks += other_outcome.breaks
-                outcome.continues += other_outcome.continues
-            else:
-                other_outcome = self.block(_block(stmt.orelse.body), state)
-                other = other_outcome.fall
-                outcome.breaks += other_outcome.breaks
-                outcome.continues += other_outcome.continues
-            outcome.breaks += taken.breaks
-            outcome.continues += taken.continues
-            return _merge(taken.fall, other)
+            ends = []
+            while True:  # an elif chain, without recursing once per elif
+                state = self.expression(stmt.test, state)
+                taken = self.block(_block(stmt.body), state)
+                ends.append(taken.fall)
+                outcome.breaks += taken.breaks
+                outcome.continues += taken.continues
+                orelse = stmt.orelse
+                if type(orelse) is cst.If:
+                    stmt = orelse
+                    continue
+                if orelse is None:
+                    ends.append(state)
+                else:
+                    other = self.block(_block(orelse.body), state)
+                    ends.append(other.fall)
+                    outcome.breaks += other.breaks
+                    outcome.continues += other.continues
+                return _merge(*ends)
         if kind in (cst.For, cst.While):
             return self.loop(stmt, state, outcome)
         if kind in (cst.Try, cst.TryStar):
@@ -253,11 +259,15 @@ class _Paths:
         first = self.block(_block(stmt.body), dict(entry))
         back = _merge(first.fall, *first.continues)
         exits = [entry, back] + first.breaks
-        if back is not None:
+        if back is not None and not self.single_pass:
             again = _reset(_merge(entry, back), targets)
             if type(stmt) is cst.While:
                 again = self.expression(stmt.test, again)
-            second = self.block(_block(stmt.body), again)
+            self.single_pass += 1
+            try:
+                second = self.block(_block(stmt.body), again)
+            finally:
+                self.single_pass -= 1
             exits += [second.fall] + second.continues + second.breaks
         normal_exit = _merge(*exits[:2])
         if stmt.orelse is not None:

@@ -14,6 +14,7 @@ caller; ``repair`` records and forwards a sanitized call (plain ints, each once,
 from __future__ import annotations
 
 import collections
+import functools
 import inspect
 import itertools
 import logging
@@ -89,6 +90,29 @@ class Stats:
         return f"Stats({self.to_dict()})"
 
 
+def _parameters(method) -> tuple:
+    """A method's parameters after ``self``, cached per function: ``inspect.signature`` is most
+    of what building a guard costs, and a test suite builds thousands of guards of one class."""
+    func = getattr(method, "__func__", None)
+    try:
+        if func is not None and getattr(method, "__self__", None) is not None:
+            return _signature(func)[1:]
+        return _signature(method)
+    except TypeError:  # unhashable callable: no cache
+        try:
+            return tuple(inspect.signature(method).parameters.values())
+        except (TypeError, ValueError):
+            return ()
+
+
+@functools.lru_cache(maxsize=4096)
+def _signature(func) -> tuple:
+    try:
+        return tuple(inspect.signature(func).parameters.values())
+    except (TypeError, ValueError):
+        return ()
+
+
 class _Param:
     """Where one argument of a method is: by position (after self) and/or by name."""
 
@@ -97,10 +121,7 @@ class _Param:
     def __init__(self, method, where) -> None:
         self.pos = self.name = None
         self.default = _MISSING
-        try:
-            every = inspect.signature(method).parameters.values()
-        except (TypeError, ValueError):
-            every = ()
+        every = _parameters(method)
         params = [p for p in every
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
         # Without a readable signature, or with *args/**kwargs, trust the spec.
@@ -525,7 +546,8 @@ class Guard:
             return original(*args, **kwargs)
         try:
             site = self._capture(2, self._depth)
-            plan = self._plan_release(self.spec.free, args, kwargs, value, "free()", site)
+            plan = self._plan_release(self.spec.free, args, kwargs, value, f"{self.spec.free}()",
+                                      site)
         except Exception as exc:
             if self.mode == "raise":
                 raise
@@ -845,13 +867,14 @@ class Guard:
             allocator_address=self.address, method=method, pool=pool,
             call_stack=raw_stack(1, VIOLATION_STACK_DEPTH[self.stacks]), blocks=blocks,
             owner=current_owner(), history=history,
+            extra={"learned": ledger.adopted} if ledger.adopted else {},
         )
 
     def _operation(self, signed_clock, ids, site, pool=None, op=None) -> Operation:
         """Decode a flight-recorder entry. The hot path stores 3-tuples: the sign of the call
         number tells a hand-out (+) from a free (-)."""
         if op is None:
-            op = "free" if signed_clock < 0 else "allocate"
+            op = "free" if signed_clock < 0 else "allocate"  # kinds of step, as replay reads them
         return Operation(op, tuple(ids), SITES.pairs(site), pool, abs(signed_clock))
 
     def _record(self, violation: Violation) -> None:

@@ -30,9 +30,15 @@ _current_owner: ContextVar = ContextVar("kvguard_owner", default=0)
 
 
 class _Owners:
-    """Interns owner labels (a request id, a test's node id) to small ints; 0 is "no owner"."""
+    """Interns owner labels (a request id, a test's node id) to small ints; 0 is "no owner".
 
-    def __init__(self) -> None:
+    Bounded: a server labelling every request would otherwise grow it forever. Past
+    ``capacity`` labels, new ones share one overflow label (reports then say so)."""
+
+    OVERFLOW = "<more owners than kvguard keeps>"
+
+    def __init__(self, capacity: int = 1 << 20) -> None:
+        self.capacity = capacity
         self.labels: list = [None]
         self.index: dict = {}
 
@@ -42,6 +48,10 @@ class _Owners:
         try:
             return self.index[label]
         except KeyError:
+            if len(self.labels) > self.capacity:
+                label = self.OVERFLOW
+                if label in self.index:
+                    return self.index[label]
             self.index[label] = n = len(self.labels)
             self.labels.append(label)
             return n

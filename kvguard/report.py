@@ -153,6 +153,10 @@ class Violation:
 
     def render(self) -> str:
         lines = [f"=={self.pid}==ERROR: kvguard: {self.headline()}", self.message]
+        if self.extra.get("learned"):
+            lines.append(f"note: the guard attached while blocks were out; {self.extra['learned']} "
+                         "id(s) were taken as live without a hand-out it saw (seeded or learned "
+                         "lazily on their first free), so their allocation stacks are unknown")
         call = f"{self.method}()" if self.method else "this call"
         lines.append(f"{call} was called here (thread {self.thread!r}):")
         lines += _stack_lines(self.call_stack)

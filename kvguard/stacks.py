@@ -59,14 +59,17 @@ def resolve(pairs) -> list[Frame]:
 
 
 def raw_stack(depth: int, limit: int = 64) -> tuple:
-    """The ``(code, line)`` pairs of the caller ``depth`` frames up, innermost first."""
+    """The ``(code, line)`` pairs of the caller ``depth`` frames up, innermost first, the guard
+    machinery's own frames left out before ``limit`` counts, so even ``limit=1`` names the
+    user's call."""
     try:
         frame = _getframe(depth + 1)
     except ValueError:
         return ()
     pairs = []
     while frame is not None and len(pairs) < limit:
-        pairs.append((frame.f_code, frame.f_lineno))
+        if not is_internal(frame.f_code):
+            pairs.append((frame.f_code, frame.f_lineno))
         frame = frame.f_back
     return tuple(pairs)
 
@@ -162,7 +165,14 @@ class SiteTable:
             if site is not None:
                 return site
         if len(self._raw) > 2 * self.capacity:
-            return UNKNOWN
+            # Full: keep the owner alone (owners are few: test ids, bounded request labels), so
+            # leak attribution keeps working when the stacks no longer fit.
+            if not owner:
+                return UNKNOWN
+            key, raw = (owner,), []
+            site = self._index.get(key)
+            if site is not None:
+                return site
         site = len(self._raw)
         self._raw.append(tuple(raw))
         self._owners.append(owner)

@@ -105,7 +105,11 @@ def _mapping_form(guard, ledger, tables):
                 stale.setdefault(b, []).append(owner)
             else:
                 holders.setdefault(b, []).append(owner)
-    shared = {b: owners for b, owners in holders.items() if len(owners) > ledger.refcount(b)}
+    # A block adopted from a busy refcounted pool has an unknown number of references: any
+    # number of tables may hold it until the pool hands it out again.
+    uncertain = ledger.uncertain
+    shared = {b: owners for b, owners in holders.items()
+              if len(owners) > ledger.refcount(b) and b not in uncertain}
     return stale, shared
 
 
@@ -221,4 +225,7 @@ def _refcounts(ledger, torch):
     live = torch.frombuffer(ledger.stamp, dtype=torch.int64) > 0
     if ledger.ref is None:
         return live.int()
-    return torch.frombuffer(ledger.ref, dtype=torch.int32) * live
+    refs = torch.frombuffer(ledger.ref, dtype=torch.int32) * live
+    if ledger.uncertain:  # unknown reference counts (adopted from a busy pool): never "shared"
+        refs[list(ledger.uncertain)] = torch.iinfo(torch.int32).max
+    return refs

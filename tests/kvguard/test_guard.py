@@ -459,3 +459,40 @@ def test_sub_pools_have_their_own_ledgers():
     assert set(g.live) == {(1, 0)}
     assert g.check() == {0: (0, 0), 1: (-1, -1)}
     assert None not in g._ledgers
+
+
+def test_attaching_to_a_busy_allocator_learns_its_blocks_and_says_so():
+    a = LinkedFreeList(8)
+    early = a.allocate(3)
+    g = kvguard.guard(a, LINKED_FREE_LIST_SPEC)  # free_count 5 < size 8: blocks are out
+    a.free(early[:2])  # never seen handed out, but no false alarm: learned
+    assert g.stats.learned == 2 and g.violations == []
+    with pytest.raises(kvguard.DoubleFreeError) as info:
+        a.free(early[:1])
+    text = info.value.violation.render()
+    assert "note: the guard attached while blocks were out; 2 id(s)" in text
+    fresh = kvguard.guard(LinkedFreeList(8), LINKED_FREE_LIST_SPEC)
+    assert not fresh.ledger().learn
+
+
+def test_stacks_off_still_names_the_users_call():
+    a = LinkedFreeList(4)
+    kvguard.guard(a, LINKED_FREE_LIST_SPEC, stacks="off")
+    ids = a.allocate(1)
+    with pytest.raises(kvguard.DuplicateIdError) as info:
+        a.free(ids + ids)
+    summary = info.value.violation.summary()
+    assert summary.endswith("in test_stacks_off_still_names_the_users_call")
+    assert "test_guard.py:" in summary
+
+
+def test_messages_name_the_specs_methods():
+    class Pool(LinkedFreeList):
+        def release_blocks(self, blocks):
+            return self.free(blocks)
+    p = Pool(4)
+    kvguard.guard(p, LINKED_FREE_LIST_SPEC.replace(free="release_blocks"))
+    ids = p.allocate(1)
+    with pytest.raises(kvguard.DuplicateIdError) as info:
+        p.release_blocks(ids + ids)
+    assert info.value.violation.message.startswith("release_blocks() got")

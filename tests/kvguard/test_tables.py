@@ -296,3 +296,20 @@ def test_cuda_mapping_of_tensors_syncs_once():
         finally:
             torch.cuda.set_sync_debug_mode("default")
     assert sum("synchroniz" in str(w.message) for w in caught) == 1
+
+
+def test_blocks_adopted_from_a_busy_refcounted_pool_are_never_called_shared():
+    """Attached late, the guard cannot know how many references a live block holds."""
+    from kvguard.examples import REFCOUNTED_POOL_SPEC, RefcountedPool
+
+    pool = RefcountedPool(4)
+    ids = pool.allocate(1)
+    pool.share(ids)
+    spec = REFCOUNTED_POOL_SPEC.replace(live_ids=lambda p: [b for b in range(4) if p.ref_cnt[b]])
+    g = kvguard.guard(pool, spec)
+    three = {"a": ids, "b": ids, "c": ids}
+    assert g.check_tables(three) == []
+    assert g.check_tables(torch.tensor([ids, ids, ids])) == []
+    fresh = pool.allocate(1)
+    with pytest.raises(kvguard.SharedBlockError):
+        g.check_tables({"a": fresh, "b": fresh})

@@ -25,10 +25,10 @@ from .tracking import Tracker
 
 
 def site_table_full() -> bool:
-    """Past twice its capacity the site table stops interning new sites, owners included (it
-    bounds a server's memory): from then on new blocks belong to no test, so leaks go unseen.
-    Each test's owner label makes its allocation sites new ones, so a very large suite can get
-    there; the summary says so rather than go quiet."""
+    """Past twice its capacity the site table stops interning new stacks (it bounds a server's
+    memory) and keeps only the owner of each new allocation: leaks are still told, but their
+    allocation stacks are missing. Each test's owner label makes its allocation sites new ones,
+    so a very large suite can get there; the summary says so rather than go quiet."""
     from kvguard.stacks import SITES
 
     return len(SITES) >= 2 * SITES.capacity

@@ -341,9 +341,10 @@ class Results:
                           "those calls went through unchecked (see the 'kvguard' log)",
                           red=True)
         if self.sites_full:
-            tr.write_line("kvguard: the call-site table filled up during the run: blocks handed "
-                          "out since then belong to no test, and their leaks went unseen "
-                          "(split the run, or use --kvguard-stacks=off)", yellow=True)
+            tr.write_line("kvguard: the call-site table filled up during the run: calls since "
+                          "then kept their test but not their stacks, so later reports lack "
+                          "allocation sites (split the run, or use --kvguard-stacks=off)",
+                          yellow=True)
         self._report_line(tr, settings)
 
     def _report_line(self, tr, settings) -> None:

@@ -221,14 +221,14 @@ def test_assert_no_leaks_checks_the_test_body_only(suite):
 
 
 def test_a_full_site_table_is_said_not_hidden(suite, monkeypatch):
-    """Past its bound the site table interns nothing new, owners included: leaks from then on
-    cannot be told, and the summary says so."""
+    """Past its bound the site table keeps owners but no new stacks: leaks are still told, and
+    the summary says that stacks went missing."""
     from kvguard.stacks import SITES
 
     monkeypatch.setattr(SITES, "capacity", 1)
     write(suite, LEAKY)
     result = suite.runpytest("-p", "kvguard", "--kvguard-leaks=fail",
                              "--kvguard-report=report.json")
-    result.assert_outcomes(passed=2)
+    result.assert_outcomes(passed=2, errors=1)  # test_leaky's teardown still fails on its leak
     result.stdout.fnmatch_lines(["kvguard: the call-site table filled up during the run*"])
     assert '"site_table_full": true' in (suite.path / "report.json").read_text()

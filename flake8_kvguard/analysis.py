@@ -49,7 +49,13 @@ IDS_KEYWORDS = frozenset(
 # `def get(self) -> Tensor` says nothing about `some_dict.get(key)`.
 GENERIC_METHODS = frozenset(
     "get pop popleft popitem copy keys values items setdefault index count next result "
-    "item tolist numpy __getitem__ __call__".split()
+    "item tolist numpy read readline readlines write send recv run call apply forward".split()
+) | frozenset(
+    # What str, bytes, list, dict, set and numbers also have: `text.split(",")` says
+    # nothing about a project's `def split(self) -> Tensor`.
+    name
+    for kind in (str, bytes, list, dict, set, tuple, int, float, object)
+    for name in dir(kind)
 )
 
 HASHING_BUILTINS = {"set": "set()", "frozenset": "frozenset()"}

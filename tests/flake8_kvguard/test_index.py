@@ -1,0 +1,121 @@
+"""The project index: textual scan, merging, and the on-disk cache keyed by mtimes."""
+
+import json
+import os
+
+import pytest
+
+from flake8_kvguard import index, project
+
+from .helpers import write_project
+
+
+def test_scan_source_reads_signatures_without_parsing():
+    source = '''
+import torch
+from torch import Tensor
+
+def all_block_ids(self, cache_group: int = 0) -> torch.Tensor:
+    return x
+
+async def fetch(
+    a,
+    b=")",  # a ( in a default and a comment )
+) -> "torch.LongTensor":
+    pass
+
+def maybe() -> Optional[torch.Tensor]: ...
+def union() -> Tensor | None: ...
+def mask() -> torch.BoolTensor: ...
+def typed() -> Int[Tensor, "n"]: ...
+def generic[T](x: T) -> Tensor: ...
+def other() -> list[int]: ...
+def unannotated(): ...
+
+class Allocator:
+    def free(self, free_index: torch.Tensor):
+        pass
+    def release(self, request: "Request", ids: Tensor):
+        pass
+def free_pages(pages: "torch.Tensor"): ...
+'''
+    entry = index.scan_source(source)
+    assert entry["r"] == {
+        "all_block_ids": "t",
+        "fetch": "t",
+        "maybe": "o",
+        "union": "o",
+        "mask": "b",
+        "typed": "t",
+        "generic": "t",
+        "other": "n",
+    }
+    assert entry["p"] == ["free", "free_pages"]
+
+
+def test_a_name_annotated_two_ways_is_not_known():
+    merged = index.ProjectIndex(
+        [{"r": {"ids": "t", "rows": "t", "mask": "b"}, "p": ["free"]}, {"r": {"ids": "n", "rows": "o"}, "p": []}]
+    )
+    assert merged.returns_tensor("ids") is None
+    assert merged.returns_tensor("rows") == "o"
+    assert merged.returns_tensor("mask") == "b"
+    assert merged.takes_tensors("free") and not merged.takes_tensors("release")
+
+
+def test_build_reuses_unchanged_files_and_rescans_changed_ones(tmp_path, monkeypatch):
+    write_project(tmp_path, {
+        "a.py": "import torch\ndef ids() -> torch.Tensor: ...\n",
+        "b.py": "def rows() -> list: ...\n",
+        "build/skipped.py": "def hidden() -> torch.Tensor: ...\n",
+        ".venv/skipped.py": "def hidden() -> torch.Tensor: ...\n",
+    })
+    scanned = []
+    real_scan = index.scan_source
+    monkeypatch.setattr(index, "scan_source", lambda text: scanned.append(text) or real_scan(text))
+    first = index.build(str(tmp_path))
+    assert first.returns_tensor("ids") == "t" and first.returns_tensor("hidden") is None
+    assert len(scanned) == 2
+    cache = tmp_path / ".kvguard_cache" / "lint-index.json"
+    assert set(json.loads(cache.read_text())["files"]) == {"a.py", "b.py"}
+
+    scanned.clear()
+    assert index.build(str(tmp_path)).returns_tensor("ids") == "t"
+    assert scanned == []  # everything came from the cache
+
+    path = tmp_path / "a.py"
+    path.write_text("def ids() -> list[int]: ...\n")
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    assert index.build(str(tmp_path)).returns_tensor("ids") is None
+    assert len(scanned) == 1
+
+
+def test_a_corrupt_cache_is_rebuilt(tmp_path):
+    write_project(tmp_path, {"a.py": "import torch\ndef ids() -> torch.Tensor: ...\n"})
+    index.build(str(tmp_path))
+    cache = tmp_path / ".kvguard_cache" / "lint-index.json"
+    for garbage in ("{not json", json.dumps({"version": index.FORMAT_VERSION, "files": {"a.py": 3}})):
+        cache.write_text(garbage)
+        assert index.build(str(tmp_path)).returns_tensor("ids") == "t"
+
+
+def test_cache_directory_override(tmp_path, monkeypatch):
+    root = write_project(tmp_path / "proj", {"a.py": "import torch\ndef ids() -> torch.Tensor: ...\n"})
+    monkeypatch.setenv("KVGUARD_LINT_CACHE_DIR", str(tmp_path / "cache"))
+    assert index.build(str(root)).returns_tensor("ids") == "t"
+    assert not (root / ".kvguard_cache").exists()
+    assert len(list((tmp_path / "cache").glob("*.json"))) == 1
+
+
+def test_find_root(tmp_path):
+    write_project(tmp_path / "proj", {"pkg/__init__.py": "", "pkg/sub/__init__.py": "", "pkg/sub/mod.py": ""})
+    assert project.find_root(str(tmp_path / "proj/pkg/sub/mod.py")) == str(tmp_path / "proj")
+    wheel = tmp_path / "site" / "vllm"
+    (wheel / "core").mkdir(parents=True)
+    (wheel / "__init__.py").write_text("")
+    (wheel / "core" / "__init__.py").write_text("")
+    (wheel / "core" / "pool.py").write_text("")
+    found = project.find_root(str(wheel / "core" / "pool.py"))
+    # No marker above an unpacked wheel: the outermost package is the project.
+    assert found == str(wheel) or not found.startswith(str(tmp_path))

@@ -64,13 +64,12 @@ class KVGChecker:
     _roots: dict = {}
 
     def _root(self) -> str:
-        directory = os.path.dirname(self.filename or "")
+        if self.filename in ("stdin", "-", "(none)", None):
+            return os.getcwd()
+        directory = os.path.dirname(self.filename)
         root = self._roots.get(directory)
         if root is None:
-            if self.filename in ("stdin", "-", "(none)", None) or not os.path.exists(self.filename):
-                root = os.getcwd()
-            else:
-                root = project.find_root(self.filename)
+            root = project.find_root(self.filename) if os.path.exists(self.filename) else os.getcwd()
             self._roots[directory] = root
         return root
 

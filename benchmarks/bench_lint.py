@@ -42,7 +42,9 @@ def default_target() -> tuple[str, str]:
     cache = os.environ.get("KVGUARD_ENGINE_CACHE", os.path.expanduser("~/.cache/kvguard-engines"))
     sdist = os.path.join(cache, "deepspeed-0.19.8.tar.gz")
     if not os.path.exists(sdist):
-        sys.exit(f"bench_lint: {sdist} is missing: pip download --no-deps deepspeed==0.19.8 -d {cache}")
+        sys.exit(
+            f"bench_lint: {sdist} is missing: pip download --no-deps deepspeed==0.19.8 -d {cache}"
+        )
     unpacked = os.path.join(tempfile.gettempdir(), "kvguard-bench", "deepspeed-0.19.8")
     if not os.path.isdir(unpacked):
         with tarfile.open(sdist) as archive:
@@ -55,7 +57,9 @@ def timed(script: str, args: list, cwd: str) -> float:
     # it too, or every run would pay for compiling the plugin.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", script, *args], cwd=cwd, env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args], cwd=cwd, env=env, capture_output=True, text=True
+    )
     elapsed = time.perf_counter() - start
     if done.returncode not in (0, 1):
         sys.exit(f"bench_lint: flake8 failed ({done.returncode}):\n{done.stderr[-2000:]}")
@@ -88,7 +92,9 @@ def main(argv=None) -> int:
     # The fastest run is the least disturbed by the rest of the machine.
     best = min(with_plugin) / min(without_plugin)
     typical = statistics.median(with_plugin) / statistics.median(without_plugin)
-    print(f"  ratio: {best:.2f}x best-of-{options.rounds}, {typical:.2f}x median  (target <= 1.25x)")
+    print(
+        f"  ratio: {best:.2f}x best-of-{options.rounds}, {typical:.2f}x median  (target <= 1.25x)"
+    )
     return 0
 
 

@@ -35,7 +35,6 @@ from .values import (
     Val,
     elements,
     is_bool,
-    is_tensorish,
     join,
     sequence_of,
 )
@@ -165,7 +164,9 @@ class Scope:
 
     def child(self, env):
         """A comprehension or lambda: new names, same function."""
-        scope = Scope(self.node, env, self_name=self.self_name, class_info=self.class_info, parent=self)
+        scope = Scope(
+            self.node, env, self_name=self.self_name, class_info=self.class_info, parent=self
+        )
         scope.loop_depth = self.loop_depth
         scope.accumulations = self.accumulations
         scope.free_calls = self.free_calls
@@ -547,8 +548,10 @@ class Analysis:
             parts = [element.value for element in target.elements]
             if val.kind == TENSORS:
                 item_vals = [Val(TENSOR, item=val.item)] * len(parts)
-            elif type(value_node) in (cst.Tuple, cst.List) and len(value_node.elements) == len(parts) and not any(
-                type(e) is cst.StarredElement for e in value_node.elements
+            elif (
+                type(value_node) in (cst.Tuple, cst.List)
+                and len(value_node.elements) == len(parts)
+                and not any(type(e) is cst.StarredElement for e in value_node.elements)
             ):
                 item_vals = [self.infer(e.value, scope) for e in value_node.elements]
             else:
@@ -590,15 +593,29 @@ class Analysis:
 
     def loop_bindings(self, target, iter_node, scope):
         """(target node, Val) pairs bound by `for target in iter_node`."""
-        if type(iter_node) is cst.Call and type(iter_node.func) is cst.Name and iter_node.func.value not in self.shadowed:
+        if (
+            type(iter_node) is cst.Call
+            and type(iter_node.func) is cst.Name
+            and iter_node.func.value not in self.shadowed
+        ):
             builtin = iter_node.func.value
             args = positional_args(iter_node)
             if builtin == "range":
                 return [(target, AN_INT)]
-            if builtin == "enumerate" and args and type(target) in (cst.Tuple, cst.List) and len(target.elements) == 2:
+            if (
+                builtin == "enumerate"
+                and args
+                and type(target) in (cst.Tuple, cst.List)
+                and len(target.elements) == 2
+            ):
                 item = elements(self.infer(args[0].value, scope))
                 return [(target.elements[0].value, AN_INT), (target.elements[1].value, item)]
-            if builtin == "zip" and args and type(target) in (cst.Tuple, cst.List) and len(target.elements) == len(args):
+            if (
+                builtin == "zip"
+                and args
+                and type(target) in (cst.Tuple, cst.List)
+                and len(target.elements) == len(args)
+            ):
                 return [
                     (element.value, elements(self.infer(arg.value, scope)))
                     for element, arg in zip(target.elements, args)
@@ -612,15 +629,25 @@ class Analysis:
         if kind is cst.List:
             has_items = bool(value_node.elements)
             sources = 2 if val.dup else (1 if has_items else 0)
-            parts = min(2, len(value_node.elements)) if not any(
-                type(e) is cst.StarredElement for e in value_node.elements
-            ) else 2
-            return Accumulation(scope.loop_depth, sources, [val.item] if val.item else [], val.dup, parts)
-        if kind is cst.Call and type(value_node.func) is cst.Name and value_node.func.value == "list":
+            parts = (
+                min(2, len(value_node.elements))
+                if not any(type(e) is cst.StarredElement for e in value_node.elements)
+                else 2
+            )
+            return Accumulation(
+                scope.loop_depth, sources, [val.item] if val.item else [], val.dup, parts
+            )
+        if (
+            kind is cst.Call
+            and type(value_node.func) is cst.Name
+            and value_node.func.value == "list"
+        ):
             args = positional_args(value_node)
             sources = 2 if val.dup else (1 if args else 0)
             # list(x) holds x's parts: one source, however many elements it has.
-            return Accumulation(scope.loop_depth, sources, [val.item] if val.item else [], val.dup, 1 if args else 0)
+            return Accumulation(
+                scope.loop_depth, sources, [val.item] if val.item else [], val.dup, 1 if args else 0
+            )
         return None
 
     def _accumulate(self, accumulation, method, value, scope):
@@ -707,7 +734,11 @@ class Analysis:
             key = node.key if type(node) is cst.DictComp else node.elt
             val = self.infer(key, child)
             if val.kind == ELEMENT:
-                what = "a set comprehension" if type(node) is cst.SetComp else "dict comprehension keys"
+                what = (
+                    "a set comprehension"
+                    if type(node) is cst.SetComp
+                    else "dict comprehension keys"
+                )
                 fix = self._comprehension_fix(node, key, child)
                 self._hash_event(HashUse(node, what, key, val, fix))
 
@@ -765,7 +796,12 @@ class Analysis:
         dotted = dotted_name(func)
         if dotted is None:
             return
-        if type(func) is cst.Name and dotted in HASHING_BUILTINS and dotted not in self.shadowed and dotted not in self.imports:
+        if (
+            type(func) is cst.Name
+            and dotted in HASHING_BUILTINS
+            and dotted not in self.shadowed
+            and dotted not in self.imports
+        ):
             what = HASHING_BUILTINS[dotted]
         else:
             what = HASHING_CALLS.get(self.canonical(dotted))
@@ -832,11 +868,17 @@ class Analysis:
                 if _is_container(container):
                     val = self.infer(left, scope)
                     if val.kind == ELEMENT:
-                        self._hash_event(HashUse(node, f"membership test in a {container.kind}", left, val))
+                        self._hash_event(
+                            HashUse(node, f"membership test in a {container.kind}", left, val)
+                        )
             left = target.comparator
 
     def _subscript_event(self, node, scope):
-        if not self.hash_rules or len(node.slice) != 1 or type(node.slice[0].slice) is not cst.Index:
+        if (
+            not self.hash_rules
+            or len(node.slice) != 1
+            or type(node.slice[0].slice) is not cst.Index
+        ):
             return
         container = self.infer(node.value, scope)
         if container.kind == DICT and _is_container(container):
@@ -854,13 +896,20 @@ class Analysis:
         ids = args[0] if args else None
         if ids is None:
             ids = next(
-                (a for a in call.args if a.keyword is not None and a.keyword.value in IDS_KEYWORDS), None
+                (a for a in call.args if a.keyword is not None and a.keyword.value in IDS_KEYWORDS),
+                None,
             )
-        if ids is None or type(ids.value) in _NOT_IDS or (type(ids.value) is cst.Name and ids.value.value == "None"):
+        if (
+            ids is None
+            or type(ids.value) in _NOT_IDS
+            or (type(ids.value) is cst.Name and ids.value.value == "None")
+        ):
             return
         callee = dotted_name(call.func) or name
         val = self.infer(ids.value, scope)
-        free = FreeCall(call, callee, name, ids.value, val, self.is_tensor_native(callee, name), scope)
+        free = FreeCall(
+            call, callee, name, ids.value, val, self.is_tensor_native(callee, name), scope
+        )
         scope.free_calls.append(free)
         for rule in self.free_call_rules:
             rule.check_free_call(free, self)
@@ -967,7 +1016,11 @@ class Analysis:
         dup = None
         if nested:
             dup = "a comprehension flattening several sources"
-        elif type(node.elt) is cst.Name and type(node.for_in.target) is cst.Name and node.elt.value == node.for_in.target.value:
+        elif (
+            type(node.elt) is cst.Name
+            and type(node.for_in.target) is cst.Name
+            and node.elt.value == node.for_in.target.value
+        ):
             dup = self.infer(node.for_in.iter, scope).dup
         if type(node) is cst.SetComp:
             return Val(SET, item=elt, note="comprehension")
@@ -976,7 +1029,9 @@ class Analysis:
     def _infer_comparison(self, node, scope):
         operators = [type(target.operator) for target in node.comparisons]
         if all(op in _EQUALITY_OPERATORS for op in operators):
-            vals = [self.infer(node.left, scope)] + [self.infer(t.comparator, scope) for t in node.comparisons]
+            vals = [self.infer(node.left, scope)] + [
+                self.infer(t.comparator, scope) for t in node.comparisons
+            ]
             kinds = {val.kind for val in vals}
             if TENSOR in kinds:
                 return Val(TENSOR, item=A_BOOL, note=BOOL_NOTE_MASK)
@@ -1009,9 +1064,15 @@ class Analysis:
             if kinds == {BOOL}:
                 return Val(BOOL, note=left.note or right.note)
         if TENSOR in kinds:
-            item = AN_INT if {left.kind, right.kind} <= {TENSOR, INT} and all(
-                v.kind == INT or (v.item is not None and v.item.kind == INT) for v in (left, right)
-            ) else None
+            item = (
+                AN_INT
+                if {left.kind, right.kind} <= {TENSOR, INT}
+                and all(
+                    v.kind == INT or (v.item is not None and v.item.kind == INT)
+                    for v in (left, right)
+                )
+                else None
+            )
             return Val(TENSOR, item=item)
         if ELEMENT in kinds:
             return Val(ELEMENT)
@@ -1022,7 +1083,11 @@ class Analysis:
     def _infer_attribute(self, node, scope):
         owner = node.value
         attr = node.attr.value
-        if type(owner) is cst.Name and owner.value == scope.self_name and scope.class_info is not None:
+        if (
+            type(owner) is cst.Name
+            and owner.value == scope.self_name
+            and scope.class_info is not None
+        ):
             found = scope.class_info.attrs.get(attr)
             return found if found is not None else NOTHING
         inner = self.infer(owner, scope)
@@ -1108,7 +1173,12 @@ class Analysis:
                     return builtin
             if canonical == "itertools.chain":
                 return self._chain(node, scope)
-            if canonical in CONTAINER_CALLS and canonical != "set" and canonical != "frozenset" and canonical != "dict":
+            if (
+                canonical in CONTAINER_CALLS
+                and canonical != "set"
+                and canonical != "frozenset"
+                and canonical != "dict"
+            ):
                 return Val(CONTAINER_CALLS[canonical])
             return self._declared_tensor(canonical, name, is_method=False)
         return NOTHING
@@ -1159,7 +1229,9 @@ class Analysis:
         if function in torch_api.TUPLE_KEYWORDS:
             for keyword in torch_api.TUPLE_KEYWORDS[function]:
                 arg = keyword_arg(node, keyword)
-                if arg is not None and not (type(arg.value) is cst.Name and arg.value.value == "False"):
+                if arg is not None and not (
+                    type(arg.value) is cst.Name and arg.value.value == "False"
+                ):
                     return Val(TENSORS, item=AN_INT if function == "nonzero" else None)
         if function in torch_api.TENSOR_TUPLE_FUNCTIONS:
             first = self.infer(args[0].value, scope) if args else NOTHING
@@ -1174,9 +1246,24 @@ class Analysis:
             item = A_BOOL
         elif dtype is not None:
             item = self._dtype_item(dtype.value)
-        elif function in ("arange", "randint", "randperm", "nonzero", "argsort", "tril_indices", "triu_indices", "searchsorted", "bucketize", "bincount"):
+        elif function in (
+            "arange",
+            "randint",
+            "randperm",
+            "nonzero",
+            "argsort",
+            "tril_indices",
+            "triu_indices",
+            "searchsorted",
+            "bucketize",
+            "bincount",
+        ):
             item = AN_INT
-        elif function in ("tensor", "as_tensor", "asarray") or function in torch_api.ID_PRESERVING or function in torch_api.CONCATENATIONS:
+        elif (
+            function in ("tensor", "as_tensor", "asarray")
+            or function in torch_api.ID_PRESERVING
+            or function in torch_api.CONCATENATIONS
+        ):
             source = elements(first) if function in torch_api.CONCATENATIONS else first
             if source.kind in (TENSOR, ELEMENT, SEQUENCE):
                 item = source.item
@@ -1221,7 +1308,11 @@ class Analysis:
         dotted = self.canonical(dotted_name(node))
         if dotted in torch_api.BOOL_DTYPES:
             return A_BOOL
-        if dotted is not None and (dotted.startswith("torch.int") or dotted.startswith("torch.uint") or dotted in ("torch.long", "torch.short", "int")):
+        if dotted is not None and (
+            dotted.startswith("torch.int")
+            or dotted.startswith("torch.uint")
+            or dotted in ("torch.long", "torch.short", "int")
+        ):
             return AN_INT
         return None
 
@@ -1239,7 +1330,9 @@ class Analysis:
         if method in torch_api.TUPLE_KEYWORDS:
             for keyword in torch_api.TUPLE_KEYWORDS[method]:
                 arg = keyword_arg(node, keyword)
-                if arg is not None and not (type(arg.value) is cst.Name and arg.value.value == "False"):
+                if arg is not None and not (
+                    type(arg.value) is cst.Name and arg.value.value == "False"
+                ):
                     return Val(TENSORS)
         if method in torch_api.TENSOR_TUPLE_METHODS:
             return Val(TENSORS, item=receiver.item)
@@ -1339,7 +1432,9 @@ class Analysis:
                 inner = self.annotation_val(parts[0])
                 return inner.replace(optional=True) if inner.kind == TENSOR else NOTHING
             if last == "Union":
-                return self._union([self.annotation_val(p) if not _is_none(p) else None for p in parts])
+                return self._union(
+                    [self.annotation_val(p) if not _is_none(p) else None for p in parts]
+                )
             if last in SEQUENCE_ANNOTATIONS:
                 item = self.annotation_val(parts[0])
                 return Val(SEQUENCE, item=item if item.kind != UNKNOWN else None)
@@ -1396,7 +1491,15 @@ _EVENTS = frozenset((cst.Call, cst.Comparison, cst.Subscript, cst.NamedExpr))
 _SET_KEYED = frozenset(("add", "discard", "remove"))
 # Literals that cannot be block ids: `cache.release("session-a")` releases something else.
 _NOT_IDS = frozenset(
-    (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString, cst.Float, cst.Imaginary, cst.Dict, cst.Lambda)
+    (
+        cst.SimpleString,
+        cst.ConcatenatedString,
+        cst.FormattedString,
+        cst.Float,
+        cst.Imaginary,
+        cst.Dict,
+        cst.Lambda,
+    )
 )
 _DICT_KEYED = frozenset(("setdefault", "get", "pop"))
 
@@ -1522,8 +1625,10 @@ def _skips_seen(statements):
         if type(stmt) is not cst.If:
             continue
         body = _block_body(stmt.body)
-        if len(body) == 1 and type(body[0]) is cst.SimpleStatementLine and any(
-            type(small) is cst.Continue for small in body[0].body
+        if (
+            len(body) == 1
+            and type(body[0]) is cst.SimpleStatementLine
+            and any(type(small) is cst.Continue for small in body[0].body)
         ):
             for node in _walk_all(stmt.test):
                 if type(node) is cst.ComparisonTarget and type(node.operator) is cst.In:

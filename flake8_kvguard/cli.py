@@ -19,7 +19,18 @@ from . import project
 PROG = "kvguard lint"
 
 # flake8's default --exclude, so that both faces check the same files.
-FLAKE8_EXCLUDES = (".svn", "CVS", ".bzr", ".hg", ".git", "__pycache__", ".tox", ".nox", ".eggs", ".kvguard_cache")
+FLAKE8_EXCLUDES = (
+    ".svn",
+    "CVS",
+    ".bzr",
+    ".hg",
+    ".git",
+    "__pycache__",
+    ".tox",
+    ".nox",
+    ".eggs",
+    ".kvguard_cache",
+)
 
 
 class UsageError(Exception):
@@ -43,9 +54,15 @@ def _parser() -> argparse.ArgumentParser:
         "(the KVG rules of flake8-kvguard).",
     )
     parser.add_argument("paths", nargs="+", metavar="PATH", help="files or directories to check")
-    parser.add_argument("--fix", action="store_true", help="apply the behaviour-preserving fixes in place")
-    parser.add_argument("--select", metavar="CODES", help="comma-separated codes or prefixes (default: all KVG)")
-    parser.add_argument("--format", choices=("text", "json", "sarif"), default="text", help="output format")
+    parser.add_argument(
+        "--fix", action="store_true", help="apply the behaviour-preserving fixes in place"
+    )
+    parser.add_argument(
+        "--select", metavar="CODES", help="comma-separated codes or prefixes (default: all KVG)"
+    )
+    parser.add_argument(
+        "--format", choices=("text", "json", "sarif"), default="text", help="output format"
+    )
     return parser
 
 
@@ -154,7 +171,11 @@ class _Run:
         engine = self.engine
         found = engine.lint_source(text, config, index)
         mapping = engine.noqa_lines(text) if found else {}
-        return [f for f in found if engine.selected(f.code, self.select) and not engine.suppressed(f, mapping)]
+        return [
+            f
+            for f in found
+            if engine.selected(f.code, self.select) and not engine.suppressed(f, mapping)
+        ]
 
     def finish(self):
         fmt = self.options.format

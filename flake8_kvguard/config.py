@@ -87,7 +87,7 @@ def from_mapping(values: dict, where: str, *, prefix: str = "") -> Config:
         if prefix:
             if not normalized.startswith(prefix):
                 continue
-            normalized = normalized[len(prefix):]
+            normalized = normalized[len(prefix) :]
         field = SETTINGS.get(normalized)
         if field is not None:
             fields[field] = split_names(value, f"{where}: {key}")

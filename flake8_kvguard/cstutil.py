@@ -11,13 +11,11 @@ import dataclasses
 
 import libcst as cst
 
-_FORMATTING = frozenset(
-    """
+_FORMATTING = frozenset("""
     lpar rpar comma semicolon leading_lines lines_after_decorators header footer
     trailing_whitespace colon equal dot star newline indent asynchronous operator
     default_indent default_newline encoding has_trailing_newline keyword attr
-    """.split()
-)
+    """.split())
 _FIELDS: dict = {}
 
 

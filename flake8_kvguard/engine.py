@@ -78,7 +78,14 @@ def parse(source):
         return None
     try:
         return cst.parse_module(source)
-    except (cst.ParserSyntaxError, RecursionError, MemoryError, ValueError, UnicodeError, SyntaxError):
+    except (
+        cst.ParserSyntaxError,
+        RecursionError,
+        MemoryError,
+        ValueError,
+        UnicodeError,
+        SyntaxError,
+    ):
         return None
     except Exception as exc:  # libcst's native parser reports some inputs oddly
         if type(exc).__name__ in ("ParserSyntaxError", "PanicException"):
@@ -182,7 +189,7 @@ def noqa_lines(source: str) -> dict:
         start = token.start[0] if start is None else min(start, token.start[0])
         end = token.end[0] if end is None else max(end, token.end[0])
         if token.type in (tokenize.NL, tokenize.NEWLINE):
-            joined = "".join(lines[start - 1:end])
+            joined = "".join(lines[start - 1 : end])
             for number in range(start, end + 1):
                 mapping[number] = joined
             start = end = None

@@ -35,11 +35,16 @@ OPTIONAL_TENSOR = "o"
 OTHER = "n"
 
 _DEF = re.compile(r"^[ \t]*(?:async[ \t]+)?def[ \t]+(\w+)[ \t]*(?:\[[^\]\n]*\])?[ \t]*\(", re.M)
-_TENSOR_NAME = r"(?:torch\.(?:cuda\.)?)?(?:Tensor|LongTensor|IntTensor|ShortTensor|ByteTensor|CharTensor|BoolTensor)"
+_TENSOR_NAME = (
+    r"(?:torch\.(?:cuda\.)?)?"
+    r"(?:Tensor|LongTensor|IntTensor|ShortTensor|ByteTensor|CharTensor|BoolTensor)"
+)
 _TENSOR = re.compile(rf"^{_TENSOR_NAME}$")
-_DTYPED = re.compile(rf"^(?:\w+\.)?(?P<dtype>Int\d*|UInt8|Integer|Shaped|Num|Bool|Float|Real)\[{_TENSOR_NAME},")
+_DTYPED = re.compile(
+    rf"^(?:\w+\.)?(?P<dtype>Int\d*|UInt8|Integer|Shaped|Num|Bool|Float|Real)\[{_TENSOR_NAME},"
+)
 _OPTIONAL = re.compile(
-    rf"^(?:(?:typing\.)?Optional\[(?P<a>[^\[\]]+)\]|(?P<b>[\w.]+)\|None|None\|(?P<c>[\w.]+))$"
+    r"^(?:(?:typing\.)?Optional\[(?P<a>[^\[\]]+)\]|(?P<b>[\w.]+)\|None|None\|(?P<c>[\w.]+))$"
 )
 _OPEN = "([{"
 _CLOSE = ")]}"
@@ -103,7 +108,7 @@ def _signature(source: str, start: int):
         i += 1
     if depth:
         return None
-    params = source[start:i - 1]
+    params = source[start : i - 1]
     j = i
     while j < end and source[j] in " \t\\\n":
         j += 1
@@ -217,7 +222,7 @@ class ProjectIndex:
         self.tensor_params = frozenset(tensor_params)
 
     def returns_tensor(self, name: str):
-        """"t", "b", "o" or None for a function or method name."""
+        """ "t", "b", "o" or None for a function or method name."""
         return self.returns.get(name)
 
     def takes_tensors(self, name: str) -> bool:
@@ -264,8 +269,11 @@ def _write_cache(path: str, root: str, files: dict) -> bool:
                 handle.write("# created by kvguard lint\n*\n")
         descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=".index-", suffix=".tmp")
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            json.dump({"version": FORMAT_VERSION, "root": root, "files": files}, handle,
-                      separators=(",", ":"))
+            json.dump(
+                {"version": FORMAT_VERSION, "root": root, "files": files},
+                handle,
+                separators=(",", ":"),
+            )
         os.replace(temporary, path)
         return True
     except OSError:
@@ -296,13 +304,22 @@ def build(root: str) -> ProjectIndex:
     prefix = len(os.path.join(root, ""))
     for count, (path, stat) in enumerate(project.iter_python_files(root, with_stat=True)):
         if count >= MAX_FILES:
-            LOG.warning("kvguard: %s holds more than %d Python files; indexed the first %d",
-                        root, MAX_FILES, MAX_FILES)
+            LOG.warning(
+                "kvguard: %s holds more than %d Python files; indexed the first %d",
+                root,
+                MAX_FILES,
+                MAX_FILES,
+            )
             break
         relative = path[prefix:]
         stamp = [stat.st_mtime_ns, stat.st_size]
         entry = cached.get(relative)
-        if type(entry) is list and len(entry) == 3 and entry[:2] == stamp and type(entry[2]) is dict:
+        if (
+            type(entry) is list
+            and len(entry) == 3
+            and entry[:2] == stamp
+            and type(entry[2]) is dict
+        ):
             files[relative] = entry
             continue
         source = _read_source(path)

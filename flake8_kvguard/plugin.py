@@ -20,8 +20,14 @@ LOG = logging.getLogger("flake8.kvguard")
 
 OPTIONS = (
     ("free-names", "Extra names of calls that free block ids (free, release, ... are built in)."),
-    ("tensor-functions", "Functions or methods that return torch tensors (dotted names match the end of a call)."),
-    ("tensor-native", "Free-like callees that take 1-D integer tensors natively (no KVG101 for them)."),
+    (
+        "tensor-functions",
+        "Functions or methods that return torch tensors (dotted names match the end of a call).",
+    ),
+    (
+        "tensor-native",
+        "Free-like callees that take 1-D integer tensors natively (no KVG101 for them).",
+    ),
 )
 
 
@@ -53,7 +59,14 @@ class KVGChecker:
     def parse_options(cls, options) -> None:
         values = {}
         for name, _ in OPTIONS:
-            values[name] = list(getattr(options, config_module.FLAKE8_PREFIX.replace("-", "_") + name.replace("-", "_"), None) or [])
+            values[name] = list(
+                getattr(
+                    options,
+                    config_module.FLAKE8_PREFIX.replace("-", "_") + name.replace("-", "_"),
+                    None,
+                )
+                or []
+            )
         try:
             cls.flake8_config = config_module.from_mapping(values, "flake8 options")
         except config_module.ConfigError as exc:
@@ -69,7 +82,9 @@ class KVGChecker:
         directory = os.path.dirname(self.filename)
         root = self._roots.get(directory)
         if root is None:
-            root = project.find_root(self.filename) if os.path.exists(self.filename) else os.getcwd()
+            root = (
+                project.find_root(self.filename) if os.path.exists(self.filename) else os.getcwd()
+            )
             self._roots[directory] = root
         return root
 
@@ -104,7 +119,9 @@ class KVGChecker:
         try:
             findings = engine.lint_source(text, config, load_index, use_prefilter=False)
         except Exception:  # never take flake8's whole run down with us
-            LOG.warning("kvguard: internal error on %s; please report it", self.filename, exc_info=True)
+            LOG.warning(
+                "kvguard: internal error on %s; please report it", self.filename, exc_info=True
+            )
             return
         for finding in findings:
             yield finding.line, finding.col, finding.message, type(self)

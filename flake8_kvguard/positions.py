@@ -35,7 +35,9 @@ if _CodegenState is not None:
         """A CodegenState that notes where the target nodes start."""
 
         def __init__(self, module: cst.Module, targets: dict):
-            super().__init__(default_indent=module.default_indent, default_newline=module.default_newline)
+            super().__init__(
+                default_indent=module.default_indent, default_newline=module.default_newline
+            )
             self.targets = targets  # id(node) -> node
             self.found: dict = {}
             self._counted = 0  # tokens already folded into line/column

@@ -53,7 +53,9 @@ def _has_container(text: str) -> bool:
             prefix = "frozen" if word.startswith("set") else "default"
             if _after(text, start, dot_ok=False):
                 return True
-            if text.startswith(prefix, start - len(prefix)) and _after(text, start - len(prefix), dot_ok=True):
+            if text.startswith(prefix, start - len(prefix)) and _after(
+                text, start - len(prefix), dot_ok=True
+            ):
                 return True
         elif _after(text, start, dot_ok=True):
             return True

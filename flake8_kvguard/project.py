@@ -30,7 +30,9 @@ def find_root(path: str) -> str:
     package that contains it (an installed wheel: site-packages/vllm), or its
     own directory.
     """
-    directory = os.path.dirname(os.path.abspath(path)) if not os.path.isdir(path) else os.path.abspath(path)
+    directory = (
+        os.path.dirname(os.path.abspath(path)) if not os.path.isdir(path) else os.path.abspath(path)
+    )
     root = _roots.get(directory)
     if root is None:
         root = _find_root(directory)

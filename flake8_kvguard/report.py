@@ -53,7 +53,9 @@ def sarif(findings, rules) -> str:
                 "id": rule.CODE,
                 "name": rule.__name__.rpartition(".")[2],
                 "shortDescription": {"text": rule.SUMMARY},
-                "fullDescription": {"text": " ".join((rule.__doc__ or "").split("\n\n", 1)[-1].split())},
+                "fullDescription": {
+                    "text": " ".join((rule.__doc__ or "").split("\n\n", 1)[-1].split())
+                },
                 "defaultConfiguration": {"level": "warning"},
             }
             for rule in rules
@@ -66,7 +68,7 @@ def sarif(findings, rules) -> str:
                 "ruleId": finding.code,
                 "ruleIndex": index.get(finding.code, -1),
                 "level": "warning",
-                "message": {"text": finding.message[len(finding.code) + 1:]},
+                "message": {"text": finding.message[len(finding.code) + 1 :]},
                 "locations": [
                     {
                         "physicalLocation": {

@@ -5,8 +5,7 @@ name wrongly here costs a false positive on every project that calls it.
 """
 
 # torch.<name>(...) returns one tensor.
-TENSOR_FUNCTIONS = frozenset(
-    """
+TENSOR_FUNCTIONS = frozenset("""
     abs add addcdiv addcmul arange argmax argmin argsort as_strided as_tensor asarray
     atleast_1d bincount bucketize cartesian_prod cat clamp clip clone column_stack
     combinations concat concatenate count_nonzero cummax_indices cumprod cumsum diag diff
@@ -21,24 +20,19 @@ TENSOR_FUNCTIONS = frozenset(
     unique_consecutive unsqueeze vstack where zeros zeros_like
     eq ne lt le gt ge isin logical_and logical_or logical_not logical_xor isnan isinf
     isfinite isneginf isposinf isreal signbit
-    """.split()
-)
+    """.split())
 
 # torch.<name>(...) whose result is a bool tensor whatever its inputs.
-BOOL_FUNCTIONS = frozenset(
-    """
+BOOL_FUNCTIONS = frozenset("""
     eq ne lt le gt ge isin logical_and logical_or logical_not logical_xor isnan isinf
     isfinite isneginf isposinf isreal signbit
-    """.split()
-)
+    """.split())
 
 # torch.<name>(...) returning several tensors (a tuple, a named tuple or a list).
-TENSOR_TUPLE_FUNCTIONS = frozenset(
-    """
+TENSOR_TUPLE_FUNCTIONS = frozenset("""
     aminmax broadcast_tensors chunk dsplit hsplit kthvalue meshgrid mode sort split
     tensor_split topk unbind vsplit
-    """.split()
-)
+    """.split())
 
 # These return several tensors only when asked to: torch.unique(x, return_counts=True).
 TUPLE_KEYWORDS = {
@@ -57,40 +51,32 @@ DEDUPLICATIONS = frozenset("unique".split())
 
 # Functions that keep the ids of their first argument as they are (shape, device,
 # dtype): a tensor of possibly repeated ids stays one.
-ID_PRESERVING = frozenset(
-    """
+ID_PRESERVING = frozenset("""
     as_tensor asarray atleast_1d clone flatten flip fliplr flipud from_numpy narrow
     narrow_copy permute reshape roll squeeze tensor transpose unsqueeze
-    """.split()
-)
+    """.split())
 
 # tensor.<name>(...) returns a tensor of the same ids (device, dtype or shape change).
-SAME_IDS_METHODS = frozenset(
-    """
+SAME_IDS_METHODS = frozenset("""
     clone contiguous cpu cuda detach flatten flip int long narrow permute pin_memory
     ravel reshape reshape_as roll short squeeze t to transpose type type_as unsqueeze
     view view_as
-    """.split()
-)
+    """.split())
 
 # tensor.<name>(...) returns some other tensor.
-TENSOR_METHODS = SAME_IDS_METHODS | frozenset(
-    """
+TENSOR_METHODS = SAME_IDS_METHODS | frozenset("""
     abs add argsort bool clamp cumsum div expand expand_as floor_divide gather
     index_select masked_fill masked_select mul new_empty new_full new_ones new_tensor
     new_zeros nonzero remainder repeat repeat_interleave sub take unique
     unique_consecutive
     eq ne lt le gt ge isin logical_and logical_or logical_not logical_xor isnan isinf
     isfinite
-    """.split()
-)
+    """.split())
 
-BOOL_METHODS = frozenset(
-    """
+BOOL_METHODS = frozenset("""
     bool eq ne lt le gt ge isin logical_and logical_or logical_not logical_xor isnan
     isinf isfinite
-    """.split()
-)
+    """.split())
 
 # Methods that reshape a 0-dim element into a tensor with a dimension again.
 RESHAPING_METHODS = frozenset("flatten ravel reshape unsqueeze view expand repeat".split())
@@ -104,13 +90,11 @@ INT_METHODS = frozenset("numel nelement dim ndimension element_size get_device d
 # Methods that only torch tensors have: `x.cuda()` makes x a tensor even when nothing
 # else says so. numpy shares `flatten`, but the issue counts it; `view`, `reshape`
 # and `unique` are too common elsewhere (numpy, memoryview, pandas) to count.
-TORCH_ONLY_METHODS = frozenset(
-    """
+TORCH_ONLY_METHODS = frozenset("""
     to cuda cpu long int short contiguous pin_memory detach unsqueeze flatten
     masked_select index_select new_tensor new_zeros new_ones new_empty new_full
     type_as view_as
-    """.split()
-)
+    """.split())
 
 # Attributes of a tensor that are tensors.
 TENSOR_ATTRIBUTES = frozenset("T mT H mH data".split())

@@ -63,11 +63,6 @@ AN_INT = Val(INT)
 A_BOOL = Val(BOOL)
 
 
-def is_tensorish(val: Val) -> bool:
-    """A tensor or a 0-dim tensor element: either hashes by identity."""
-    return val.kind in (TENSOR, ELEMENT)
-
-
 def is_bool(val: Val) -> bool:
     """A bool, a bool tensor, a bool element, or a collection of bools."""
     if val.kind == BOOL:

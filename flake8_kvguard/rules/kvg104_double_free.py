@@ -93,9 +93,12 @@ def _key(free):
         for node in _walk_expression(part):
             if isinstance(node, _OPAQUE):
                 return None
-    text = "".join(source_of(call.func).split()) + "(" + ",".join(
-        "".join(source_of(arg).split()).rstrip(",") for arg in call.args
-    ) + ")"
+    text = (
+        "".join(source_of(call.func).split())
+        + "("
+        + ",".join("".join(source_of(arg).split()).rstrip(",") for arg in call.args)
+        + ")"
+    )
     id_names = set()
     for arg in call.args:
         id_names |= names_in(arg.value)
@@ -363,7 +366,9 @@ class _Paths:
                 root = root_name(arg.value)
                 if root:
                     touched.add(root)
-            return {text: first for text, first in state.items() if not (first[1].id_names & touched)}
+            return {
+                text: first for text, first in state.items() if not (first[1].id_names & touched)
+            }
         if nested:
             return state
         previous = state.get(key.text)

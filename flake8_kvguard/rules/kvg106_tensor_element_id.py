@@ -96,12 +96,16 @@ def check_free_call(call, ctx):
         for element in ids.elements:
             if type(element) is cst.Element and ctx.infer(element.value, scope).kind == ELEMENT:
                 value = element.value
-                ctx.report(CODE, value, _message(call, ctx.short(value)), fix=_int_fix(value, ctx, scope))
+                ctx.report(
+                    CODE, value, _message(call, ctx.short(value)), fix=_int_fix(value, ctx, scope)
+                )
         return
     if type(ids) in (cst.ListComp, cst.GeneratorExp) and ids.for_in.inner_for_in is None:
         child = ctx.comprehension_scope(ids, scope)
         if ctx.infer(ids.elt, child).kind == ELEMENT:
-            ctx.report(CODE, ids.elt, _message(call, ctx.short(ids.elt)), fix=_int_fix(ids.elt, ctx, child))
+            ctx.report(
+                CODE, ids.elt, _message(call, ctx.short(ids.elt)), fix=_int_fix(ids.elt, ctx, child)
+            )
             return
     ctx.report(CODE, ids, MESSAGE_MANY.format(callee=call.name))
 

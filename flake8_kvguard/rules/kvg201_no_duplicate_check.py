@@ -64,8 +64,12 @@ class Pool:
 """,
 ]
 
-_DEDUP_CALLS = frozenset(("set", "frozenset", "Counter", "fromkeys", "unique", "unique_consecutive"))
-_MUTATORS = frozenset(("add", "append", "appendleft", "remove", "discard", "pop", "put", "push", "extend"))
+_DEDUP_CALLS = frozenset(
+    ("set", "frozenset", "Counter", "fromkeys", "unique", "unique_consecutive")
+)
+_MUTATORS = frozenset(
+    ("add", "append", "appendleft", "remove", "discard", "pop", "put", "push", "extend")
+)
 _CHECKS = (cst.Raise, cst.Assert)
 
 
@@ -84,7 +88,11 @@ def _iterates(node, names):
     """`for x in P`, `for x in list(P)`, `for i, x in enumerate(P)` over one of names."""
     if type(node) is cst.Name:
         return node.value in names
-    if type(node) is cst.Call and type(node.func) is cst.Name and node.func.value in ("list", "tuple", "enumerate", "sorted"):
+    if (
+        type(node) is cst.Call
+        and type(node.func) is cst.Name
+        and node.func.value in ("list", "tuple", "enumerate", "sorted")
+    ):
         return bool(node.args) and _iterates(node.args[0].value, names)
     return False
 
@@ -93,7 +101,11 @@ def collection_names(function, param):
     """The parameter and the names that only re-wrap it (`blocks = [blocks]`)."""
     names = {param}
     for node in _walk(function.body):
-        if type(node) is cst.Assign and len(node.targets) == 1 and type(node.targets[0].target) is cst.Name:
+        if (
+            type(node) is cst.Assign
+            and len(node.targets) == 1
+            and type(node.targets[0].target) is cst.Name
+        ):
             value = node.value
             wraps = False
             if type(value) in (cst.List, cst.Tuple) and len(value.elements) == 1:
@@ -101,7 +113,9 @@ def collection_names(function, param):
                 wraps = type(element) is cst.Name and element.value in names
             elif _iterates(value, names):
                 wraps = True
-            elif type(value) in (cst.ListComp, cst.GeneratorExp) and _iterates(value.for_in.iter, names):
+            elif type(value) in (cst.ListComp, cst.GeneratorExp) and _iterates(
+                value.for_in.iter, names
+            ):
                 wraps = value.for_in.inner_for_in is None  # [operator.index(b) for b in blocks]
             if wraps:
                 names.add(node.targets[0].target.value)
@@ -116,7 +130,9 @@ def _validation_loops(function, names):
                 loops.append(node)
         elif type(node) in (cst.Assert, cst.If):
             test = node.test
-            checks = type(node) is cst.Assert or any(type(inner) is cst.Raise for inner in _walk(node.body))
+            checks = type(node) is cst.Assert or any(
+                type(inner) is cst.Raise for inner in _walk(node.body)
+            )
             if checks and _validates_each(test, names):
                 loops.append(node)
     return loops
@@ -149,13 +165,22 @@ def _mutates_per_id(loop):
         if kind is cst.Assign or kind is cst.AugAssign:
             targets = [t.target for t in node.targets] if kind is cst.Assign else [node.target]
             for target_node in targets:
-                if type(target_node) is cst.Subscript and root_name(target_node.value) not in (None, target):
+                if type(target_node) is cst.Subscript and root_name(target_node.value) not in (
+                    None,
+                    target,
+                ):
                     return True
         elif kind is cst.Del:
             return True
-        elif kind is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value in _MUTATORS:
+        elif (
+            kind is cst.Call
+            and type(node.func) is cst.Attribute
+            and node.func.attr.value in _MUTATORS
+        ):
             return True
-        elif kind is cst.Comparison and any(type(t.operator) in (cst.In, cst.NotIn) for t in node.comparisons):
+        elif kind is cst.Comparison and any(
+            type(t.operator) in (cst.In, cst.NotIn) for t in node.comparisons
+        ):
             return True
     return False
 

@@ -97,9 +97,15 @@ def check_free_method(method, ctx):
             value = node.value
             for assigned in node.targets:
                 target = assigned.target
-                if type(target) is cst.Name and target.value in ids and target.value not in collections:
+                if (
+                    type(target) is cst.Name
+                    and target.value in ids
+                    and target.value not in collections
+                ):
                     ids.discard(target.value)  # rebound: normalized or replaced
-                elif type(target) is cst.Name and target.value in collections and _normalizes(value):
+                elif (
+                    type(target) is cst.Name and target.value in collections and _normalizes(value)
+                ):
                     ids.discard(target.value)
                     collections = collections - {target.value}
                 elif root_name(target) == owner and type(value) is cst.Name and value.value in ids:
@@ -109,24 +115,40 @@ def check_free_method(method, ctx):
             last = callee.rpartition(".")[2] if callee else None
             if last in _NORMALIZERS:
                 for arg in node.args:
-                    if type(arg.value) is cst.Name and arg.value.value in ids and arg.value.value not in collections:
+                    if (
+                        type(arg.value) is cst.Name
+                        and arg.value.value in ids
+                        and arg.value.value not in collections
+                    ):
                         ids.discard(arg.value.value)
             elif type(node.func) is cst.Attribute and node.func.attr.value in _STORES:
                 if root_name(node.func.value) == owner:
                     for arg in node.args:
                         if type(arg.value) is cst.Name and arg.value.value in ids:
                             uses.append((arg.value, arg.value.value, "stores into"))
-            elif last == "heappush" and len(node.args) == 2 and root_name(node.args[0].value) == owner:
+            elif (
+                last == "heappush"
+                and len(node.args) == 2
+                and root_name(node.args[0].value) == owner
+            ):
                 arg = node.args[1].value
                 if type(arg) is cst.Name and arg.value in ids:
                     uses.append((arg, arg.value, "stores into"))
         elif kind is cst.Subscript:
             if root_name(node.value) == owner and len(node.slice) == 1:
                 index = node.slice[0].slice
-                if type(index) is cst.Index and type(index.value) is cst.Name and index.value.value in ids:
+                if (
+                    type(index) is cst.Index
+                    and type(index.value) is cst.Name
+                    and index.value.value in ids
+                ):
                     uses.append((index.value, index.value.value, "indexes"))
         elif kind is cst.Attribute:
-            if type(node.value) is cst.Name and node.value.value in ids and node.attr.value not in _ID_METHODS:
+            if (
+                type(node.value) is cst.Name
+                and node.value.value in ids
+                and node.attr.value not in _ID_METHODS
+            ):
                 objects.add(node.value.value)
     uses = [use for use in uses if use[1] not in objects]
     if not uses:
@@ -139,11 +161,18 @@ def _normalizes(value):
     """`ids = [int(b) for b in ids]`, `ids = ids.tolist()`, `list(map(int, ids))`."""
     if type(value) in (cst.ListComp, cst.GeneratorExp, cst.SetComp):
         elt = value.elt
-        return type(elt) is cst.Call and (dotted_name(elt.func) or "").rpartition(".")[2] in _NORMALIZERS
+        return (
+            type(elt) is cst.Call
+            and (dotted_name(elt.func) or "").rpartition(".")[2] in _NORMALIZERS
+        )
     if type(value) is cst.Call:
         for node in _walk(value):
             if type(node) is cst.Name and node.value in ("int", "index", "tolist"):
                 return True
-            if type(node) is cst.Call and type(node.func) is cst.Attribute and node.func.attr.value in ("tolist", "item"):
+            if (
+                type(node) is cst.Call
+                and type(node.func) is cst.Attribute
+                and node.func.attr.value in ("tolist", "item")
+            ):
                 return True
     return False

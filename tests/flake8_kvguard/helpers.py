@@ -18,7 +18,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def lint(source: str, cfg: config.Config = config.DEFAULT, project_index=None, *, prefilter=True):
     """Findings for a snippet (dedented), as "line:col CODE" with 1-based columns."""
-    found = engine.lint_source(textwrap.dedent(source), cfg, project_index or index.EMPTY, use_prefilter=prefilter)
+    found = engine.lint_source(
+        textwrap.dedent(source), cfg, project_index or index.EMPTY, use_prefilter=prefilter
+    )
     return [f"{f.line}:{f.col + 1} {f.code}" for f in found]
 
 
@@ -27,7 +29,9 @@ def codes(source: str, **kwargs):
 
 
 def fix(source: str, cfg: config.Config = config.DEFAULT, project_index=None, select=None) -> str:
-    new, _ = fixer.fix_source(textwrap.dedent(source).encode(), cfg, project_index or index.EMPTY, select)
+    new, _ = fixer.fix_source(
+        textwrap.dedent(source).encode(), cfg, project_index or index.EMPTY, select
+    )
     return new.decode()
 
 

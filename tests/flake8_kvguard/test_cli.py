@@ -77,8 +77,12 @@ def test_internal_errors_never_show_a_traceback(tmp_path, monkeypatch):
 def test_odd_files(tmp_path):
     write_project(tmp_path, {})
     (tmp_path / "empty.py").write_bytes(b"")
-    (tmp_path / "latin1.py").write_bytes(b"# -*- coding: latin-1 -*-\nimport torch\n\xe9 = torch.arange(3)\nalloc.free(\xe9)\n")
-    (tmp_path / "broken.py").write_bytes(b"import torch\nx = '\xff\xfe'\nalloc.free(torch.arange(3))\n")
+    (tmp_path / "latin1.py").write_bytes(
+        b"# -*- coding: latin-1 -*-\nimport torch\n\xe9 = torch.arange(3)\nalloc.free(\xe9)\n"
+    )
+    (tmp_path / "broken.py").write_bytes(
+        b"import torch\nx = '\xff\xfe'\nalloc.free(torch.arange(3))\n"
+    )
     (tmp_path / "syntax.py").write_text("import torch\ndef free(self, x:\n")
     (tmp_path / "crlf.py").write_bytes(BAD.replace("\n", "\r\n").encode())
     (tmp_path / "bom.py").write_bytes(b"\xef\xbb\xbf" + BAD.encode())
@@ -96,9 +100,18 @@ def test_odd_files(tmp_path):
 def test_select_prefixes(tmp_path):
     source = BAD + "    allocator.free(True)\n"
     write_project(tmp_path, {"bad.py": source})
-    assert {line.split()[1] for line in run_cli(["bad.py"], tmp_path)[1].splitlines()} == {"KVG101", "KVG103"}
-    assert {line.split()[1] for line in run_cli(["--select", "kvg103", "bad.py"], tmp_path)[1].splitlines()} == {"KVG103"}
-    assert {line.split()[1] for line in run_cli(["--select", "KVG1", "bad.py"], tmp_path)[1].splitlines()} == {"KVG101", "KVG103"}
+    assert {line.split()[1] for line in run_cli(["bad.py"], tmp_path)[1].splitlines()} == {
+        "KVG101",
+        "KVG103",
+    }
+    assert {
+        line.split()[1]
+        for line in run_cli(["--select", "kvg103", "bad.py"], tmp_path)[1].splitlines()
+    } == {"KVG103"}
+    assert {
+        line.split()[1]
+        for line in run_cli(["--select", "KVG1", "bad.py"], tmp_path)[1].splitlines()
+    } == {"KVG101", "KVG103"}
     assert run_cli(["--select", "KVG2", "bad.py"], tmp_path)[0] == 0
 
 
@@ -116,7 +129,9 @@ def test_json_format(tmp_path):
         "fixable": True,
     }
     assert finding["message"].startswith("KVG101 free() gets a torch.Tensor")
-    assert json.loads(run_cli(["--format", "json", "bad.py", "--select", "KVG2"], tmp_path)[1]) == []
+    assert (
+        json.loads(run_cli(["--format", "json", "bad.py", "--select", "KVG2"], tmp_path)[1]) == []
+    )
 
 
 def test_sarif_format(tmp_path):
@@ -127,11 +142,23 @@ def test_sarif_format(tmp_path):
     assert log["version"] == "2.1.0"
     [run] = log["runs"]
     rules = run["tool"]["driver"]["rules"]
-    assert [rule["id"] for rule in rules] == ["KVG101", "KVG102", "KVG103", "KVG104", "KVG105", "KVG106", "KVG201", "KVG202"]
+    assert [rule["id"] for rule in rules] == [
+        "KVG101",
+        "KVG102",
+        "KVG103",
+        "KVG104",
+        "KVG105",
+        "KVG106",
+        "KVG201",
+        "KVG202",
+    ]
     [result] = run["results"]
     assert result["ruleId"] == "KVG101" and rules[result["ruleIndex"]]["id"] == "KVG101"
     location = result["locations"][0]["physicalLocation"]
-    assert location == {"artifactLocation": {"uri": "pkg/bad.py"}, "region": {"startLine": 5, "startColumn": 20}}
+    assert location == {
+        "artifactLocation": {"uri": "pkg/bad.py"},
+        "region": {"startLine": 5, "startColumn": 20},
+    }
     assert result["message"]["text"].startswith("free() gets a torch.Tensor")
 
 
@@ -147,7 +174,10 @@ def test_pyproject_configuration(tmp_path):
     "pyproject,message",
     [
         ("[tool.kvguard]\nfree-names = 3\n", "expected a list of names, got 3"),
-        ("[tool.kvguard]\nfree-names = ['not a name']\n", "'not a name' is not a (dotted) Python name"),
+        (
+            "[tool.kvguard]\nfree-names = ['not a name']\n",
+            "'not a name' is not a (dotted) Python name",
+        ),
         ("[tool.kvguard\n", "invalid TOML"),
     ],
 )
@@ -159,7 +189,9 @@ def test_bad_configuration_is_one_line(tmp_path, pyproject, message):
 
 
 def test_fix_rewrites_in_place_and_is_idempotent(tmp_path):
-    source = BAD.replace("allocator.free(ids)\n", "allocator.free(ids)  # keep me\n    allocator.free(ids[0])\n")
+    source = BAD.replace(
+        "allocator.free(ids)\n", "allocator.free(ids)  # keep me\n    allocator.free(ids[0])\n"
+    )
     source += "    allocator.free(ids[1:])  # noqa: KVG101\n"
     write_project(tmp_path, {"mod.py": source})
     path = tmp_path / "mod.py"
@@ -197,9 +229,19 @@ def test_fix_only_selected_codes(tmp_path):
 
 def test_python_dash_m_and_help(tmp_path):
     write_project(tmp_path, {"bad.py": BAD})
-    done = subprocess.run([sys.executable, "-m", "flake8_kvguard", "bad.py"], cwd=tmp_path, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "flake8_kvguard", "bad.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 1 and done.stdout.startswith("bad.py:5:20: KVG101")
-    done = subprocess.run([sys.executable, "-m", "flake8_kvguard", "--help"], cwd=tmp_path, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "flake8_kvguard", "--help"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0 and "--fix" in done.stdout and "--select" in done.stdout
 
 

@@ -44,7 +44,8 @@ def test_columns_are_one_based_as_printed(tmp_path):
     # `allocator.free(ids)`: ids starts at character 20 of line 5 (1-based).
     assert lines == [
         "mod.py:5:20: KVG101 free() gets a torch.Tensor as block ids: its elements are 0-dim "
-        "tensors that hash by identity, so duplicate and already-free ids go unnoticed; pass ids.tolist()"
+        "tensors that hash by identity, so duplicate and already-free ids go unnoticed; "
+        "pass ids.tolist()"
     ]
 
 
@@ -103,7 +104,10 @@ def test_project_index_across_files_and_its_cache(tmp_path):
         def flush_sequence(kv_cache, seq) -> None:
             kv_cache.free(seq.all_block_ids(cache_group=0), cache_group=0)
     """
-    write_project(tmp_path, {"pkg/__init__.py": "", "pkg/descriptor.py": descriptor, "pkg/manager.py": manager})
+    write_project(
+        tmp_path,
+        {"pkg/__init__.py": "", "pkg/descriptor.py": descriptor, "pkg/manager.py": manager},
+    )
     status, lines = run_flake8(["--select", "KVG", "pkg/manager.py"], tmp_path)
     assert status == 1 and lines[0].startswith("pkg/manager.py:2:19: KVG101")
     assert (tmp_path / ".kvguard_cache" / "lint-index.json").is_file()
@@ -141,7 +145,11 @@ def test_stdin(tmp_path):
     write_project(tmp_path, {})
     done = subprocess.run(
         [sys.executable, "-m", "flake8", "--select", "KVG", "-"],
-        input=CALLER, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        input=CALLER,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.stdout.startswith("stdin:5:20: KVG101"), (done.stdout, done.stderr)
 

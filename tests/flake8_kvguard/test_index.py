@@ -3,15 +3,13 @@
 import json
 import os
 
-import pytest
-
 from flake8_kvguard import index, project
 
 from .helpers import write_project
 
 
 def test_scan_source_reads_signatures_without_parsing():
-    source = '''
+    source = """
 import torch
 from torch import Tensor
 
@@ -38,7 +36,7 @@ class Allocator:
     def release(self, request: "Request", ids: Tensor):
         pass
 def free_pages(pages: "torch.Tensor"): ...
-'''
+"""
     entry = index.scan_source(source)
     assert entry["r"] == {
         "all_block_ids": "t",
@@ -55,7 +53,10 @@ def free_pages(pages: "torch.Tensor"): ...
 
 def test_a_name_annotated_two_ways_is_not_known():
     merged = index.ProjectIndex(
-        [{"r": {"ids": "t", "rows": "t", "mask": "b"}, "p": ["free"]}, {"r": {"ids": "n", "rows": "o"}, "p": []}]
+        [
+            {"r": {"ids": "t", "rows": "t", "mask": "b"}, "p": ["free"]},
+            {"r": {"ids": "n", "rows": "o"}, "p": []},
+        ]
     )
     assert merged.returns_tensor("ids") is None
     assert merged.returns_tensor("rows") == "o"
@@ -64,12 +65,15 @@ def test_a_name_annotated_two_ways_is_not_known():
 
 
 def test_build_reuses_unchanged_files_and_rescans_changed_ones(tmp_path, monkeypatch):
-    write_project(tmp_path, {
-        "a.py": "import torch\ndef ids() -> torch.Tensor: ...\n",
-        "b.py": "def rows() -> list: ...\n",
-        "build/skipped.py": "def hidden() -> torch.Tensor: ...\n",
-        ".venv/skipped.py": "def hidden() -> torch.Tensor: ...\n",
-    })
+    write_project(
+        tmp_path,
+        {
+            "a.py": "import torch\ndef ids() -> torch.Tensor: ...\n",
+            "b.py": "def rows() -> list: ...\n",
+            "build/skipped.py": "def hidden() -> torch.Tensor: ...\n",
+            ".venv/skipped.py": "def hidden() -> torch.Tensor: ...\n",
+        },
+    )
     scanned = []
     real_scan = index.scan_source
     monkeypatch.setattr(index, "scan_source", lambda text: scanned.append(text) or real_scan(text))
@@ -95,13 +99,18 @@ def test_a_corrupt_cache_is_rebuilt(tmp_path):
     write_project(tmp_path, {"a.py": "import torch\ndef ids() -> torch.Tensor: ...\n"})
     index.build(str(tmp_path))
     cache = tmp_path / ".kvguard_cache" / "lint-index.json"
-    for garbage in ("{not json", json.dumps({"version": index.FORMAT_VERSION, "files": {"a.py": 3}})):
+    for garbage in (
+        "{not json",
+        json.dumps({"version": index.FORMAT_VERSION, "files": {"a.py": 3}}),
+    ):
         cache.write_text(garbage)
         assert index.build(str(tmp_path)).returns_tensor("ids") == "t"
 
 
 def test_cache_directory_override(tmp_path, monkeypatch):
-    root = write_project(tmp_path / "proj", {"a.py": "import torch\ndef ids() -> torch.Tensor: ...\n"})
+    root = write_project(
+        tmp_path / "proj", {"a.py": "import torch\ndef ids() -> torch.Tensor: ...\n"}
+    )
     monkeypatch.setenv("KVGUARD_LINT_CACHE_DIR", str(tmp_path / "cache"))
     assert index.build(str(root)).returns_tensor("ids") == "t"
     assert not (root / ".kvguard_cache").exists()
@@ -109,7 +118,9 @@ def test_cache_directory_override(tmp_path, monkeypatch):
 
 
 def test_find_root(tmp_path):
-    write_project(tmp_path / "proj", {"pkg/__init__.py": "", "pkg/sub/__init__.py": "", "pkg/sub/mod.py": ""})
+    write_project(
+        tmp_path / "proj", {"pkg/__init__.py": "", "pkg/sub/__init__.py": "", "pkg/sub/mod.py": ""}
+    )
     assert project.find_root(str(tmp_path / "proj/pkg/sub/mod.py")) == str(tmp_path / "proj")
     wheel = tmp_path / "site" / "vllm"
     (wheel / "core").mkdir(parents=True)

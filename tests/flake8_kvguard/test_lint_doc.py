@@ -15,8 +15,14 @@ def _block(language, marker):
 
 
 def test_configuration_examples(tmp_path):
-    source = "def f(pool, table, allocator, ids) -> None:\n    pool.drop_blocks(table.block_table.row())\n"
-    for name, text in (("pyproject.toml", _block("toml", "[tool.kvguard]")), ("setup.cfg", _block("ini", "[flake8]"))):
+    source = (
+        "def f(pool, table, allocator, ids) -> None:\n"
+        "    pool.drop_blocks(table.block_table.row())\n"
+    )
+    for name, text in (
+        ("pyproject.toml", _block("toml", "[tool.kvguard]")),
+        ("setup.cfg", _block("ini", "[flake8]")),
+    ):
         root = write_project(tmp_path / name, {name: text, "mod.py": source})
         loaded = config.project_config(str(root))
         assert "drop_blocks" in loaded.free_names and "free" in loaded.free_names

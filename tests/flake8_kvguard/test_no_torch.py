@@ -23,11 +23,18 @@ def test_lint_without_torch(tmp_path):
         "assert 'torch' not in sys.modules\n"
         "sys.exit(status)\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True
+    )
     assert done.returncode == 1, done.stderr
     assert done.stdout.startswith("mod.py:21:33: KVG101"), done.stdout
-    flake8 = BLOCK_TORCH + "from flake8.main.cli import main\nsys.exit(main(['--select', 'KVG', 'mod.py']))\n"
-    done = subprocess.run([sys.executable, "-c", flake8], cwd=tmp_path, capture_output=True, text=True)
+    flake8 = (
+        BLOCK_TORCH
+        + "from flake8.main.cli import main\nsys.exit(main(['--select', 'KVG', 'mod.py']))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", flake8], cwd=tmp_path, capture_output=True, text=True
+    )
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stdout.startswith("mod.py:21:33: KVG101")
 

@@ -88,5 +88,7 @@ def test_plugin_import_and_rejected_files_do_not_load_libcst(tmp_path):
         "assert [f[:2] for f in found] == [(1, 11)], found\n"
         "assert 'libcst' in sys.modules\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr

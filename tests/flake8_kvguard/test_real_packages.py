@@ -21,7 +21,12 @@ from .helpers import run_cli, run_flake8
 CACHE = Path(os.environ.get("KVGUARD_ENGINE_CACHE") or "~/.cache/kvguard-engines").expanduser()
 WHOLE = os.environ.get("KVGUARD_LINT_WHOLE_PACKAGES") == "1"
 KV_CACHE_MODULES = {
-    "vllm": ("vllm/v1/core/", "vllm/v1/kv_offload/", "vllm/v1/simple_kv_offload/", "vllm/v1/hisparse/"),
+    "vllm": (
+        "vllm/v1/core/",
+        "vllm/v1/kv_offload/",
+        "vllm/v1/simple_kv_offload/",
+        "vllm/v1/hisparse/",
+    ),
     "sglang": ("sglang/srt/mem_cache/", "sglang/srt/disaggregation/"),
 }
 
@@ -49,7 +54,9 @@ VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23"}
 def _archive(pattern, pin):
     found = sorted(CACHE.glob(pattern)) if CACHE.is_dir() else []
     if not found:
-        pytest.skip(f"{pin} is not downloaded: run `pip download --no-deps {pin} -d {CACHE}` (.ci/run does)")
+        pytest.skip(
+            f"{pin} is not downloaded: run `pip download --no-deps {pin} -d {CACHE}` (.ci/run does)"
+        )
     return found[-1]
 
 
@@ -58,7 +65,9 @@ def deepspeed(tmp_path_factory):
     sdist = _archive("deepspeed-0.19.8.tar.gz", "deepspeed==0.19.8")
     target = tmp_path_factory.mktemp("engines")
     with tarfile.open(sdist) as archive:
-        members = [m for m in archive.getmembers() if m.name.endswith((".py", "setup.cfg", "setup.py"))]
+        members = [
+            m for m in archive.getmembers() if m.name.endswith((".py", "setup.cfg", "setup.py"))
+        ]
         archive.extractall(target, members=members, filter="data")
     return target / "deepspeed-0.19.8"
 

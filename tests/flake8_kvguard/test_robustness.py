@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from flake8_kvguard import config, engine, fixer, index
 
-from .helpers import codes, lint
+from .helpers import lint
 
 
 def _strict(source, prefilter=False):
@@ -46,7 +46,9 @@ def test_syntax_errors_report_nothing():
 
 
 def test_bytes_in_other_encodings():
-    assert [f.code for f in _strict(b"# -*- coding: latin-1 -*-\n# \xe9\nalloc.free(True)\n")] == ["KVG103"]
+    assert [f.code for f in _strict(b"# -*- coding: latin-1 -*-\n# \xe9\nalloc.free(True)\n")] == [
+        "KVG103"
+    ]
     assert _strict(b"alloc.free(True)\n# \xff\xfe not utf-8\n") == []
 
 
@@ -80,8 +82,7 @@ def test_new_syntax_is_analyzed():
 
 
 def test_huge_file_is_linear():
-    block = textwrap.dedent(
-        """\
+    block = textwrap.dedent("""\
         def f{n}(allocator, ids: torch.Tensor, seqs) -> None:
             collected = []
             for seq in seqs:
@@ -92,8 +93,7 @@ def test_huge_file_is_linear():
                 allocator.free(ids)
             else:
                 allocator.free(set(ids))
-        """
-    )
+        """)
     source = "import torch\n" + "".join(block.format(n=n) for n in range(1500))
     assert len(source.splitlines()) > 15000
     start = time.perf_counter()
@@ -104,7 +104,9 @@ def test_huge_file_is_linear():
 
 
 def test_long_elif_chains_and_deep_nesting():
-    chain = "if x == 0:\n    alloc.free(True)\n" + "".join(f"elif x == {i}:\n    alloc.free(True)\n" for i in range(1, 3000))
+    chain = "if x == 0:\n    alloc.free(True)\n" + "".join(
+        f"elif x == {i}:\n    alloc.free(True)\n" for i in range(1, 3000)
+    )
     start = time.perf_counter()
     assert len(_strict(chain)) == 3000
     assert time.perf_counter() - start < 30
@@ -112,7 +114,11 @@ def test_long_elif_chains_and_deep_nesting():
     _strict(nested)
     long_sum = "alloc.free(" + " + ".join(["[a]"] * 3000) + ")\n"
     _strict(long_sum)
-    deep_blocks = "".join("    " * i + f"for i{i} in range(3):\n" for i in range(90)) + "    " * 90 + "alloc.free(True)\n"
+    deep_blocks = (
+        "".join("    " * i + f"for i{i} in range(3):\n" for i in range(90))
+        + "    " * 90
+        + "alloc.free(True)\n"
+    )
     _strict(deep_blocks)
 
 
@@ -121,15 +127,43 @@ def test_long_elif_chains_and_deep_nesting():
 NAMES = st.sampled_from(["ids", "t", "seq", "blocks", "mask", "seen", "n", "self.ids"])
 EXPRESSIONS = st.sampled_from(
     [
-        "torch.arange(n)", "torch.cat([ids, t])", "ids[0]", "ids[1:]", "ids.tolist()", "t == 0",
-        "[a, b]", "a + b", "[*a, *b]", "set(ids)", "{b for b in ids}", "seq.all_block_ids()",
-        "list(ids)", "ids.cuda()", "True", "n", "[]", "dict.fromkeys(t)", "ids[mask]", "int(ids[0])",
-        "torch.zeros(n, dtype=torch.bool)", "itertools.chain(a, b)", "x if c else y", "(yield ids)",
-        "lambda q: alloc.free(q)", "[alloc.free(i) for i in ids]", "await alloc.free(ids)",
-        "ids.sort().indices", "torch.where(t)", "torch.where(t)[0]", "f'{ids}'", "None",
+        "torch.arange(n)",
+        "torch.cat([ids, t])",
+        "ids[0]",
+        "ids[1:]",
+        "ids.tolist()",
+        "t == 0",
+        "[a, b]",
+        "a + b",
+        "[*a, *b]",
+        "set(ids)",
+        "{b for b in ids}",
+        "seq.all_block_ids()",
+        "list(ids)",
+        "ids.cuda()",
+        "True",
+        "n",
+        "[]",
+        "dict.fromkeys(t)",
+        "ids[mask]",
+        "int(ids[0])",
+        "torch.zeros(n, dtype=torch.bool)",
+        "itertools.chain(a, b)",
+        "x if c else y",
+        "(yield ids)",
+        "lambda q: alloc.free(q)",
+        "[alloc.free(i) for i in ids]",
+        "await alloc.free(ids)",
+        "ids.sort().indices",
+        "torch.where(t)",
+        "torch.where(t)[0]",
+        "f'{ids}'",
+        "None",
     ]
 )
-CALLS = st.sampled_from(["alloc.free", "self.pool.release", "free_blocks", "pool.deallocate", "seen.add", "print"])
+CALLS = st.sampled_from(
+    ["alloc.free", "self.pool.release", "free_blocks", "pool.deallocate", "seen.add", "print"]
+)
 
 
 @st.composite
@@ -145,7 +179,11 @@ def statements(draw, depth=0):
     if kind == 3:
         return [f"{name}.append({expr})", f"{name}.extend({expr})"][: draw(st.integers(1, 2))]
     if kind == 4:
-        return [f"if {name} in {draw(NAMES)}:", "    continue"] if depth else [f"{name}: torch.Tensor = {expr}"]
+        return (
+            [f"if {name} in {draw(NAMES)}:", "    continue"]
+            if depth
+            else [f"{name}: torch.Tensor = {expr}"]
+        )
     if kind == 5:
         return ["pass"]
     body = draw(st.lists(statements(depth + 1), min_size=1, max_size=4))
@@ -159,14 +197,24 @@ def statements(draw, depth=0):
     if kind == 9:
         return ["try:"] + inner + ["except Exception:"] + inner
     if kind == 10:
-        return [f"def g{depth}(self, ids: torch.Tensor, blocks, *args, n: int = 0):"] + inner + ["    return ids"]
-    return [f"class C{depth}:", "    ids: torch.Tensor", f"    def free(self, blocks):"] + ["    " + line for line in inner]
+        return (
+            [f"def g{depth}(self, ids: torch.Tensor, blocks, *args, n: int = 0):"]
+            + inner
+            + ["    return ids"]
+        )
+    return [f"class C{depth}:", "    ids: torch.Tensor", "    def free(self, blocks):"] + [
+        "    " + line for line in inner
+    ]
 
 
 @st.composite
 def programs(draw):
     body = draw(st.lists(statements(), min_size=1, max_size=8))
-    lines = ["import itertools", "import torch", "def main(alloc, pool, seq, a, b, c, x, y, n: int, ids: torch.Tensor, t):"]
+    lines = [
+        "import itertools",
+        "import torch",
+        "def main(alloc, pool, seq, a, b, c, x, y, n: int, ids: torch.Tensor, t):",
+    ]
     lines += ["    " + line for block in body for line in block]
     return "\n".join(lines) + "\n"
 
@@ -206,4 +254,8 @@ def test_mutated_fixtures(data):
     stop = data.draw(st.integers(start, len(lines)))
     mutated = "".join(lines[:start] + lines[stop:])
     cut = data.draw(st.integers(0, len(mutated)))
-    _strict(mutated[:cut] + data.draw(st.sampled_from(["", "(", ")", ":", "\n    ", "'", "[", "if x"])) + mutated[cut:])
+    _strict(
+        mutated[:cut]
+        + data.draw(st.sampled_from(["", "(", ")", ":", "\n    ", "'", "[", "if x"]))
+        + mutated[cut:]
+    )

@@ -38,7 +38,9 @@ def _cases():
 
 
 def test_rules_md_is_generated_from_the_rules():
-    assert RULES_MD.read_text() == docs.render(), "run: python -m flake8_kvguard.docs > docs/rules.md"
+    assert (
+        RULES_MD.read_text() == docs.render()
+    ), "run: python -m flake8_kvguard.docs > docs/rules.md"
 
 
 def test_every_rule_is_documented_with_examples():
@@ -51,7 +53,11 @@ def test_every_rule_is_documented_with_examples():
         assert f"## {rule.CODE}" in RULES_MD.read_text()
 
 
-@pytest.mark.parametrize("kind,code,source,fixed", _cases(), ids=lambda v: v if isinstance(v, str) and len(v) < 8 else None)
+@pytest.mark.parametrize(
+    "kind,code,source,fixed",
+    _cases(),
+    ids=lambda v: v if isinstance(v, str) and len(v) < 8 else None,
+)
 def test_example(kind, code, source, fixed):
     found = codes(source)
     if kind == "good":

@@ -289,11 +289,7 @@ def _read_tensor(t, out, tensor_ok, what) -> None:
             f"{what} got a bool tensor of {len(values)} elements: indexing with it selects by "
             "mask, not by id; pass mask.nonzero().flatten() or the ids themselves"), ids))
         return
-    negative = [v for v in values if v < 0]
-    if negative:
-        out.faults.append(Fault(kinds.INVALID_ID, f"{what} got negative block id {negative[0]}",
-                                tuple(negative)))
-        values = [v for v in values if v >= 0]
+    values = _without_negatives(values, out, what)
     out.ids = values
     out.tensor = t
     if not tensor_ok:
@@ -302,6 +298,16 @@ def _read_tensor(t, out, tensor_ok, what) -> None:
             f"{what} got a {kind} ({dtype}, {t.device}): its elements hash by identity, so "
             "set(), `in` and dict checks see no duplicates, and storing one keeps a view of the "
             "caller's tensor; pass ids.tolist()"), tuple(values)))
+
+
+def _without_negatives(values: list, out: Normalized, what: str) -> list:
+    """An array's negative entries are faults, reported once; the rest are still checked."""
+    negative = [v for v in values if v < 0]
+    if not negative:
+        return values
+    out.faults.append(Fault(kinds.INVALID_ID, f"{what} got negative block id {negative[0]}",
+                            tuple(negative)))
+    return [v for v in values if v >= 0]
 
 
 def _torch_bool():
@@ -325,11 +331,7 @@ def _read_ndarray(a, out, what) -> None:
         out.faults.append(Fault(kinds.INVALID_ID, f"{what} got a {a.dtype} array; block ids are "
                                 "integers"))
         return
-    negative = [v for v in values if v < 0]
-    if negative:
-        out.faults.append(Fault(kinds.INVALID_ID, f"{what} got negative block id {negative[0]}",
-                                tuple(negative)))
-        values = [v for v in values if v >= 0]
+    values = _without_negatives(values, out, what)
     out.ids = values
 
 

@@ -494,8 +494,14 @@ class Analysis:
         )
         if in_class and node.name.value in self.config.free_names and self.method_rules:
             self._free_method(node, scope.class_info, in_class)
-        self.exec_block(_block_body(node.body), inner)
-        self._end_function(inner, node)
+        # An import inside a function names things for that function only.
+        module_imports = self.imports
+        self.imports = dict(module_imports)
+        try:
+            self.exec_block(_block_body(node.body), inner)
+            self._end_function(inner, node)
+        finally:
+            self.imports = module_imports
         if not in_class:
             scope.bind(node.name.value, NOTHING)
 

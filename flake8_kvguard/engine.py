@@ -11,7 +11,7 @@ import sys
 
 import libcst as cst
 
-from . import analysis, positions
+from . import analysis, positions, slicing
 from .cstutil import source_of
 from .prefilter import prefilter_for
 from .rules import RULES
@@ -136,16 +136,21 @@ def _analyze(module, config, index):
     return sorted(findings.values(), key=Finding.key)
 
 
-def lint_source(source, config, index, *, use_prefilter=True):
+def lint_source(source, config, index, *, use_prefilter=True, tree=None):
     """Findings for one file's source (str, or bytes with its PEP 263 encoding).
 
     `index` is the project index or a function returning it, called only for files
-    that pass the pre-filter. Anything libcst cannot parse yields no finding (flake8
+    that pass the pre-filter; `tree` is the stdlib ast of the source when the caller
+    has one (flake8 does). Anything libcst cannot parse yields no finding (flake8
     reports it as E999)."""
     if use_prefilter:
         text = source if isinstance(source, str) else source.decode("latin-1")
-        if not prefilter_for(config).may_hold_findings(text, index):
-            return []
+        prefilter = prefilter_for(config)
+        if not prefilter.has_free_call(text):
+            if not prefilter.has_tensor_hashing(text, index):
+                return []
+            if isinstance(source, str):
+                source = slicing.reduce(source, tree) or source
     module = parse(source)
     if module is None:
         return []

@@ -41,6 +41,7 @@ class KVGChecker:
     _warned: set = set()
 
     def __init__(self, tree, lines, filename="(none)"):
+        self.tree = tree
         self.lines = lines
         self.filename = filename
 
@@ -117,7 +118,7 @@ class KVGChecker:
         from . import engine
 
         try:
-            findings = engine.lint_source(text, config, load_index, use_prefilter=False)
+            findings = engine.lint_source(text, config, load_index, tree=self.tree)
         except Exception:  # never take flake8's whole run down with us
             LOG.warning(
                 "kvguard: internal error on %s; please report it", self.filename, exc_info=True

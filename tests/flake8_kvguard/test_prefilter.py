@@ -92,3 +92,57 @@ def test_plugin_import_and_rejected_files_do_not_load_libcst(tmp_path):
         [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
+
+
+SLICED = '''\
+import torch
+
+
+@decorator
+def unrelated(x):
+    return torch.zeros(x)
+
+
+class Holder:
+    ids: torch.Tensor
+
+    def __init__(self):
+        self.seen = set()
+
+    def check(self):
+        for b in self.ids:
+            if b in self.seen:
+                pass
+
+
+def dedup(t: torch.Tensor):
+    return set(t)
+'''
+
+
+def test_slicing_blanks_what_cannot_hold_kvg105_and_keeps_positions():
+    from flake8_kvguard import slicing
+
+    reduced = slicing.reduce(SLICED)
+    assert reduced is not None and len(reduced.splitlines()) == len(SLICED.splitlines())
+    assert "unrelated" not in reduced and "@decorator" not in reduced
+    assert "class Holder" in reduced and "def dedup" in reduced
+    full = engine.lint_source(SLICED, config.DEFAULT, index.EMPTY, use_prefilter=False)
+    fast = engine.lint_source(SLICED, config.DEFAULT, index.EMPTY)
+    assert [f.key() for f in fast] == [f.key() for f in full]
+    assert [(f.line, f.code) for f in full] == [(17, "KVG105"), (22, "KVG105")]
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import torch\nSEEN = set()\ndef f(t: torch.Tensor):\n    return t[0] in SEEN\n",
+        "import torch\ndef set(x):\n    return x\ndef f(t: torch.Tensor):\n    return set(t)\n",
+        "import torch\ndef f(t: torch.Tensor):\n    return set(t)\n",
+        "import torch\ndef f(:\n",
+    ],
+)
+def test_slicing_keeps_whole_files_when_needed(source):
+    from flake8_kvguard import slicing
+
+    assert slicing.reduce(source) is None

@@ -1,0 +1,71 @@
+"""Parse less of the files that can only hold a KVG105 finding.
+
+A file with no free-like call can only hold KVG105, and a KVG105 finding sits next to a
+set or dict the code makes itself (set(), dict(), Counter(), a comprehension...). So in
+such a file the top-level functions and classes whose text has no such marker are
+blanked out before libcst parses it: line numbers and columns stay as they are, and
+what remains is analysed exactly as before. The split comes from the stdlib `ast`
+(flake8 hands its tree over for free; `kvguard lint` parses one, about ten times faster
+than libcst).
+
+Kept whole, so that nothing a kept part depends on goes missing: every module-level
+statement that is not a def or class (imports, assignments), every class with a marker
+(its methods share `self` attributes), and the whole file when a module-level
+statement makes a container, or when a def or class shadows a builtin the rules know.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from .prefilter import _has_container
+
+# Builtins the analysis gives a meaning; a module-level def or class of that name
+# changes what a call means everywhere in the file.
+KNOWN_BUILTINS = frozenset(
+    """
+    set frozenset dict list tuple sorted reversed int len ord hash bool isinstance
+    issubclass callable hasattr any all range map enumerate zip Counter defaultdict
+    OrderedDict chain
+    """.split()
+)
+_LINES = re.compile(r"[^\n]*\n|[^\n]+\Z")
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def reduce(text: str, tree=None):
+    """The text with unneeded top-level defs and classes blanked, or None when the
+    whole file is needed (or nothing can be dropped)."""
+    if tree is None:
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return None
+    if not isinstance(tree, ast.Module):
+        return None
+    lines = _LINES.findall(text)
+    dropped = []
+    for node in tree.body:
+        start = node.lineno
+        if isinstance(node, _SCOPES):
+            if node.name in KNOWN_BUILTINS:
+                return None
+            if node.decorator_list:
+                start = min(start, min(d.lineno for d in node.decorator_list))
+        end = getattr(node, "end_lineno", None)
+        if end is None or start < 1 or end > len(lines):
+            return None
+        has_marker = _has_container("".join(lines[start - 1 : end]))
+        if not isinstance(node, _SCOPES):
+            if has_marker:
+                return None
+            continue
+        if not has_marker:
+            dropped.append((start, end))
+    if not dropped:
+        return None
+    for start, end in dropped:
+        for number in range(start - 1, end):
+            lines[number] = "\n" if lines[number].endswith("\n") else ""
+    return "".join(lines)

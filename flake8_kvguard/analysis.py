@@ -249,6 +249,9 @@ class Analysis:
     # ------------------------------------------------------------------ driver
 
     def run(self):
+        for stmt in self.module.body:
+            if type(stmt) in (cst.FunctionDef, cst.ClassDef):
+                self.shadowed.add(stmt.name.value)  # a module-level def or class shadows a builtin
         self._prepass(self.module.body, in_class=False)
         scope = Scope(self.module, Env())
         self.module_scope = scope
@@ -265,7 +268,6 @@ class Analysis:
                         self._record_import(small)
             elif kind is cst.FunctionDef:
                 name = stmt.name.value
-                self.shadowed.add(name)
                 if stmt.returns is not None:
                     val = self.annotation_val(stmt.returns.annotation)
                     previous = self.local_returns.get(name)
@@ -279,7 +281,6 @@ class Analysis:
                         self.local_tensor_params.add(name)
                 self._prepass(_block_body(stmt.body), in_class=False)
             elif kind is cst.ClassDef:
-                self.shadowed.add(stmt.name.value)
                 self._prepass(_block_body(stmt.body), in_class=True)
             else:
                 for block in _compound_blocks(stmt):

@@ -10,6 +10,10 @@ call with an ASan-style report, instead of silently handing one KV block to two 
 
 This module imports only the standard library: torch and numpy are read only when the guarded
 code itself passes them, and the pytest/flake8 faces live in their own packages.
+
+PYTEST_DONT_REWRITE: pytest marks an installed plugin's packages for assertion rewriting and
+warns when they are already imported (a pytester run inside a session that imported them);
+this is library code, not test code, so it is never rewritten and never warned about.
 """
 
 from . import kinds

@@ -18,7 +18,7 @@ from __future__ import annotations
 import libcst as cst
 
 from . import torch_api
-from .cstutil import children, dotted_name, keyword_arg, positional_args
+from .cstutil import children, dotted_name, keyword_arg, positional_args, walk_all
 from .values import (
     AN_INT,
     A_BOOL,
@@ -387,7 +387,7 @@ class Analysis:
         elif kind is cst.Match:
             self.scan(stmt.subject, scope)
             for case in stmt.cases:
-                for node in _walk_all(case.pattern):
+                for node in walk_all(case.pattern):
                     name = getattr(node, "name", None)
                     if type(name) is cst.Name:
                         scope.bind(name.value, NOTHING)
@@ -687,7 +687,7 @@ class Analysis:
         if any(depth in scope.dedup_loops for depth in range(1, scope.loop_depth + 1)):
             return True
         for test in scope.guards:
-            for node in _walk_all(test):
+            for node in walk_all(test):
                 if type(node) is cst.ComparisonTarget and type(node.operator) is cst.NotIn:
                     return True
         return False
@@ -855,7 +855,7 @@ class Analysis:
         target = for_in.target
         if type(target) is not cst.Name or target.value != key.value:
             return None
-        uses = sum(1 for n in _walk_all(node) if type(n) is cst.Name and n.value == key.value)
+        uses = sum(1 for n in walk_all(node) if type(n) is cst.Name and n.value == key.value)
         if uses != 2:  # the target and the key: the element is used for nothing else
             return None
         iter_val = self.infer(for_in.iter, scope.parent or scope)
@@ -1525,14 +1525,6 @@ def _bind_names(target, val, env):
         _bind_names(target.value, Val(SEQUENCE), env)
 
 
-def _walk_all(node):
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        yield current
-        stack.extend(children(current))
-
-
 def _block_body(suite):
     """The statements of an indented block or of a one-line `if x: a; b`."""
     body = suite.body
@@ -1585,7 +1577,7 @@ def _is_none(node):
 
 
 def _mentions_int(annotation):
-    for node in _walk_all(annotation):
+    for node in walk_all(annotation):
         if type(node) is cst.Name and node.value in ("int", "Tensor", "LongTensor", "IntTensor"):
             return True
         if type(node) is cst.SimpleString and "int" in str(node.evaluated_value):
@@ -1637,7 +1629,7 @@ def _skips_seen(statements):
             and type(body[0]) is cst.SimpleStatementLine
             and any(type(small) is cst.Continue for small in body[0].body)
         ):
-            for node in _walk_all(stmt.test):
+            for node in walk_all(stmt.test):
                 if type(node) is cst.ComparisonTarget and type(node.operator) is cst.In:
                     return True
     return False

@@ -60,6 +60,11 @@ def walk(node: cst.CSTNode, *, into_scopes: bool = False):
 SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
 
 
+def walk_all(node: cst.CSTNode):
+    """Every node below `node`, nested scopes included."""
+    return walk(node, into_scopes=True)
+
+
 def dotted_name(node) -> str | None:
     """`a.b.c` for a chain of attributes on a name, else None."""
     parts = []

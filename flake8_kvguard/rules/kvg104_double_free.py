@@ -9,7 +9,7 @@ rebinds frees them again on its next pass.
 
 import libcst as cst
 
-from ..cstutil import children, names_in, root_name, source_of
+from ..cstutil import children, names_in, root_name, source_of, walk_all
 
 CODE = "KVG104"
 SUMMARY = "the same ids freed twice on one path of a function"
@@ -90,7 +90,7 @@ def _key(free):
     call = free.call
     parts = [call.func] + [arg.value for arg in call.args]
     for part in parts:
-        for node in _walk_expression(part):
+        for node in walk_all(part):
             if isinstance(node, _OPAQUE):
                 return None
     text = (
@@ -103,14 +103,6 @@ def _key(free):
     for arg in call.args:
         id_names |= names_in(arg.value)
     return _Key(free, text, names_in(call.func) | id_names, id_names)
-
-
-def _walk_expression(node):
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        yield current
-        stack.extend(children(current))
 
 
 def _block(suite):

@@ -9,7 +9,7 @@ call too.
 
 import libcst as cst
 
-from ..cstutil import children, dotted_name, root_name
+from ..cstutil import dotted_name, root_name, walk
 
 CODE = "KVG201"
 SUMMARY = "free-like method validates ids one by one but never rejects duplicates"
@@ -73,17 +73,6 @@ _MUTATORS = frozenset(
 _CHECKS = (cst.Raise, cst.Assert)
 
 
-def _walk(node):
-    """Nodes below `node`, not entering nested functions, classes or lambdas."""
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        yield current
-        if current is not node and type(current) in (cst.FunctionDef, cst.ClassDef, cst.Lambda):
-            continue
-        stack.extend(reversed(children(current)))
-
-
 def _iterates(node, names):
     """`for x in P`, `for x in list(P)`, `for i, x in enumerate(P)` over one of names."""
     if type(node) is cst.Name:
@@ -100,7 +89,7 @@ def _iterates(node, names):
 def collection_names(function, param):
     """The parameter and the names that only re-wrap it (`blocks = [blocks]`)."""
     names = {param}
-    for node in _walk(function.body):
+    for node in walk(function.body):
         if (
             type(node) is cst.Assign
             and len(node.targets) == 1
@@ -124,14 +113,14 @@ def collection_names(function, param):
 
 def _validation_loops(function, names):
     loops = []
-    for node in _walk(function.body):
+    for node in walk(function.body):
         if type(node) is cst.For and _iterates(node.iter, names):
-            if any(type(inner) in _CHECKS for inner in _walk(node.body)):
+            if any(type(inner) in _CHECKS for inner in walk(node.body)):
                 loops.append(node)
         elif type(node) in (cst.Assert, cst.If):
             test = node.test
             checks = type(node) is cst.Assert or any(
-                type(inner) is cst.Raise for inner in _walk(node.body)
+                type(inner) is cst.Raise for inner in walk(node.body)
             )
             if checks and _validates_each(test, names):
                 loops.append(node)
@@ -139,14 +128,14 @@ def _validation_loops(function, names):
 
 
 def _validates_each(test, names):
-    for node in _walk(test):
+    for node in walk(test):
         if type(node) in (cst.GeneratorExp, cst.ListComp) and _iterates(node.for_in.iter, names):
             return True
     return False
 
 
 def _deduplicates(function, names):
-    for node in _walk(function.body):
+    for node in walk(function.body):
         if type(node) is cst.Call:
             dotted = dotted_name(node.func)
             last = dotted.rpartition(".")[2] if dotted else None
@@ -160,7 +149,7 @@ def _mutates_per_id(loop):
     if type(loop) is not cst.For:
         return False
     target = loop.target.value if type(loop.target) is cst.Name else None
-    for node in _walk(loop.body):
+    for node in walk(loop.body):
         kind = type(node)
         if kind is cst.Assign or kind is cst.AugAssign:
             targets = [t.target for t in node.targets] if kind is cst.Assign else [node.target]

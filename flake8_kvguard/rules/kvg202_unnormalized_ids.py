@@ -8,7 +8,7 @@ Normalize each id once at the top of free(): reject bools, then operator.index()
 
 import libcst as cst
 
-from ..cstutil import children, dotted_name, root_name
+from ..cstutil import dotted_name, root_name, walk
 from .kvg201_no_duplicate_check import _iterates, collection_names
 
 CODE = "KVG202"
@@ -65,16 +65,6 @@ _NORMALIZERS = frozenset(("int", "index", "item", "isinstance", "type", "tolist"
 _ID_METHODS = frozenset(("item", "tolist", "__index__", "__int__", "bit_length"))
 
 
-def _walk(node):
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        yield current
-        if current is not node and type(current) in (cst.FunctionDef, cst.ClassDef, cst.Lambda):
-            continue
-        stack.extend(reversed(children(current)))
-
-
 def check_free_method(method, ctx):
     if method.tensor_param or method.self_name is None:
         return
@@ -84,7 +74,7 @@ def check_free_method(method, ctx):
     ids = set(collections)  # names holding caller-given ids, unnormalized
     objects = set()  # ids used as objects (`block.ref_cnt`): not ids at all
     uses = []  # (node, name, how)
-    for node in _walk(function.body):
+    for node in walk(function.body):
         kind = type(node)
         if kind is cst.For:
             if _iterates(node.iter, collections):
@@ -166,7 +156,7 @@ def _normalizes(value):
             and (dotted_name(elt.func) or "").rpartition(".")[2] in _NORMALIZERS
         )
     if type(value) is cst.Call:
-        for node in _walk(value):
+        for node in walk(value):
             if type(node) is cst.Name and node.value in ("int", "index", "tolist"):
                 return True
             if (

@@ -210,28 +210,11 @@ def test_layout_whose_blocks_cannot_be_viewed_flat():
     assert info.value.block_ids == (ids[2],)
 
 
-def load_deepspeed_allocator():
-    sdist = os.path.join(ENGINES, "deepspeed-0.19.8.tar.gz")
-    if not os.path.exists(sdist):
-        pytest.skip(f"DeepSpeed 0.19.8 sdist not in {ENGINES}")
-    import tarfile
-    member = "deepspeed-0.19.8/deepspeed/inference/v2/ragged/blocked_allocator.py"
-    with tarfile.open(sdist) as tar:
-        source = tar.extractfile(member).read().decode()
-    # CPU torch refuses pin_memory=True; the module sees a torch whose arange ignores it.
-    shim = types.ModuleType("torch")
-    shim.__dict__.update(torch.__dict__)
-    shim.arange = lambda *a, pin_memory=False, **k: torch.arange(*a, **k)
-    module = types.ModuleType("ds_blocked_allocator_cache_test")
-    exec(compile(source, member, "exec"), module.__dict__)
-    module.torch = shim
-    return module.BlockedAllocator
-
-
 def test_deepspeed_blocked_kv_cache_layout():
-    BlockedAllocator = load_deepspeed_allocator()
-    n = 12
-    allocator = BlockedAllocator(n)
+    from tests.adapters import engines
+
+    with engines.loaded("deepspeed") as ds:  # its real blocked_allocator.py, from the sdist
+        allocator = ds.BlockedAllocator(n := 12)
     g = kvguard.guard(allocator, kvguard.AllocatorSpec(free_arg="blocks", size="_num_blocks",
                                                        free_count="free_blocks"))
     cache = random_cache((3, n, 4, 2, 2, 8), torch.float16)  # (layers, blocks, bs, K/V, h, d)

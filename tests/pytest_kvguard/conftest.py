@@ -32,6 +32,19 @@ kvguard.register("kvguard.examples.LinkedFreeList", LINKED_FREE_LIST_SPEC)
 kvguard.register("kvguard.examples.RefcountedPool", REFCOUNTED_POOL_SPEC)
 """
 
+SWALLOWED = """
+    from kvguard.examples import LinkedFreeList
+
+    def test_swallowed():
+        pool = LinkedFreeList(8)
+        ids = pool.allocate(2)
+        try:
+            pool.free([ids[0], ids[0]])
+        except ValueError:
+            pass
+"""
+"""A misuse the code under test catches: the plugin must still fail the test."""
+
 
 @pytest.fixture(autouse=True)
 def _run_leaves_kvguard_as_it_was():

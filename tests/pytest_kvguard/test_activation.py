@@ -6,19 +6,9 @@ import sys
 
 import pytest
 
-from .conftest import write
+from .conftest import SWALLOWED, write
 
-SWALLOWED = """
-    from kvguard.examples import LinkedFreeList
 
-    def test_swallowed():
-        pool = LinkedFreeList(8)
-        ids = pool.allocate(2)
-        try:
-            pool.free([ids[0], ids[0]])
-        except ValueError:
-            pass
-"""
 
 DORMANT_CHECKS = """
     import sys

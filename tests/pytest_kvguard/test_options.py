@@ -5,20 +5,7 @@ import pytest
 from kvguard import registry
 from pytest_kvguard.options import parse_allocator_line
 
-from .conftest import write
-
-SWALLOWED = """
-    from kvguard.examples import LinkedFreeList
-
-    def test_swallowed():
-        pool = LinkedFreeList(8)
-        ids = pool.allocate(2)
-        try:
-            pool.free([ids[0], ids[0]])
-        except ValueError:
-            pass
-"""
-
+from .conftest import SWALLOWED, write
 
 def test_ini_twins_set_the_defaults_and_options_override_them(suite):
     suite.makeini("""

@@ -9,7 +9,6 @@ import pytest
 from .conftest import SWALLOWED, write
 
 
-
 DORMANT_CHECKS = """
     import sys
     import kvguard

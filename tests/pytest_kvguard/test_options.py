@@ -7,6 +7,7 @@ from pytest_kvguard.options import parse_allocator_line
 
 from .conftest import SWALLOWED, write
 
+
 def test_ini_twins_set_the_defaults_and_options_override_them(suite):
     suite.makeini("""
         [pytest]

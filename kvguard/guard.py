@@ -18,6 +18,7 @@ import functools
 import inspect
 import itertools
 import logging
+import operator
 import random
 import threading
 import weakref
@@ -572,6 +573,10 @@ class Guard:
         stamp = ledger.stamp
         n = len(stamp)
         is_share = method == spec.share
+        # [refcount_attr] The engine's own count of each block, read before the call: the
+        # truth for a release (None without the keyword, and for a share).
+        held = _engine_refcounts(spec.refcount_attr, norm) if (
+            spec.refcount_attr is not None and not is_share) else None
         if not faults and len(set(ids)) == len(ids):
             # The common case, checked in one pass: every id live (or, for a share, handed out
             # at least once) and inside the ledger. Anything else is sorted out below.
@@ -579,7 +584,8 @@ class Guard:
                 if not b < n or stamp[b] <= 0 and (not is_share or stamp[b] == 0):
                     break
             else:  # (b < len(stamp) means in range: a sized ledger is exactly its size long)
-                return _Plan(method, pool, ledger, norm, ids, [], site)
+                if held is None or min(held, default=1) > 0:
+                    return _Plan(method, pool, ledger, norm, ids, [], site, held)
         faults = list(faults)
         unique = list(dict.fromkeys(ids))
         if len(unique) != len(ids):
@@ -601,6 +607,12 @@ class Guard:
                 (learned if b in ledger.uncertain else double).append(b)
             else:
                 good.append(b)
+        drained = []
+        if held is not None:  # [refcount_attr] live in the ledger, but the engine holds none
+            count = dict(zip(ids, held))
+            drained = [b for b in good if count[b] is not None and count[b] <= 0]
+            if drained:
+                good = [b for b in good if b not in set(drained)]
         if out_of_range:
             faults.append(Fault(kinds.INVALID_ID, (
                 f"{what} got block id {out_of_range[0]}, outside the pool [0, {ledger.size})"
@@ -615,7 +627,14 @@ class Guard:
                 f"{what} got block id {double[0]}, which is already free" + _more(double)
                 + ": a second free puts it on the free list twice, and two requests will share "
                 "it; free each block once, and forget ids after freeing them"), tuple(double)))
-        plan = _Plan(method, pool, ledger, norm, good, learned, site)
+        if drained:
+            faults.append(Fault(kinds.DOUBLE_FREE, (
+                f"{what} got block id {drained[0]}" + _more(drained) + ", whose own "
+                f"{spec.refcount_attr} is already {count[drained[0]]}: every reference to it "
+                "was released, so this release takes the count below zero and the block goes "
+                "back on the free list while it may still be in use; free each reference once"),
+                tuple(drained)))
+        plan = _Plan(method, pool, ledger, norm, good, learned, site, held)
         if faults:
             faults.sort(key=lambda f: kinds.PRECEDENCE[f.kind])
             detail = [b for f in faults for b in f.block_ids]
@@ -673,6 +692,8 @@ class Guard:
         ids = plan.good + plan.learned
         site = plan.site
         stats = self.stats
+        if plan.held is not None:
+            _follow_engine_refcounts(ledger, plan)
         if plan.method == self.spec.share:
             ledger.share(ids, clock, site)
             stats.share_calls += 1
@@ -1016,10 +1037,12 @@ class _Plan:
     """What a checked free()/share() call will do, between its check and its commit."""
 
     __slots__ = ("method", "pool", "ledger", "norm", "good", "learned", "site", "faulty",
-                 "held_objects")
+                 "held_objects", "held")
 
-    def __init__(self, method, pool, ledger, norm, good, learned, site) -> None:
+    def __init__(self, method, pool, ledger, norm, good, learned, site, held=None) -> None:
         self.site = site
+        self.held = held
+        """[refcount_attr] The engine's count of each of ``norm.ids`` before the call."""
         self.method = method
         self.pool = pool
         self.ledger = ledger
@@ -1028,6 +1051,43 @@ class _Plan:
         self.learned = learned
         self.faulty = False
         self.held_objects: dict = {}
+
+
+def _engine_refcounts(attr, norm):
+    """[refcount_attr] Each block object's own reference count, in the order of ``norm.ids``
+    (None for an object without one, or an unreadable one: the ledger decides those)."""
+    objects = norm.objects
+    if objects is None:
+        return None
+    try:
+        return list(map(operator.attrgetter(attr), objects))
+    except Exception:
+        return [_count_or_none(obj, attr) for obj in objects]
+
+
+def _count_or_none(obj, attr):
+    try:
+        value = getattr(obj, attr)
+    except Exception:
+        return None
+    return value if type(value) is int else None
+
+
+def _follow_engine_refcounts(ledger, plan) -> None:
+    """[refcount_attr] Before a release is committed, each live block's count in the ledger
+    becomes the engine's: references the engine took or dropped behind the guard (vLLM's
+    copy-on-write ``ref_cnt += 1``) are no longer missing. The release then drops one, as the
+    engine is about to. Learned blocks keep their learned count of 1."""
+    ref = ledger.ref
+    if ref is None:
+        return
+    good = set(plan.good)
+    uncertain = ledger.uncertain
+    for b, count in zip(plan.norm.ids, plan.held):
+        if b in good and type(count) is int and count > 0 and ref[b] != count:
+            ref[b] = count
+            if uncertain:
+                uncertain.discard(b)
 
 
 def _int_tensor_ids(value):

@@ -20,6 +20,12 @@ class AllocatorSpec:
     say (more than one allocating or freeing method, deferred frees, a reset): the engine
     adapters in ``kvguard.adapters`` install their extra wrappers through it.
     ``id_attr`` may be a dotted path (``"meta.address"``) when the id sits on a nested object.
+    ``refcount_attr``: the block objects of a refcounted pool carry the engine's own reference
+    count in this attribute (vLLM's ``ref_cnt``), which the engine may change without calling
+    the spec's ``share`` (copy-on-write takes a reference by ``block.ref_cnt += 1``). The guard
+    then takes that count as the truth at each release: a block whose count is still positive
+    is released, however many shares the guard saw; one whose count is already 0 or below, or
+    that the ledger holds free, is a double free. Needs ``id_attr`` and ``refcounted=True``.
     """
 
     alloc: str | None = "allocate"
@@ -35,6 +41,7 @@ class AllocatorSpec:
     skip: Callable[[Any], bool] | None = None
     iterator_ok: bool = False
     live_ids: AttrOrCallable = None
+    refcount_attr: str | None = None
     adapter: Callable[[Any], Any] | None = None
 
     def __post_init__(self) -> None:
@@ -47,7 +54,7 @@ class AllocatorSpec:
                                 f"not {value!r}")
             if isinstance(value, int) and value < 0:
                 raise ValueError(f"AllocatorSpec.{name} must be >= 0, not {value}")
-        for name in ("alloc", "free", "share", "id_attr"):
+        for name in ("alloc", "free", "share", "id_attr", "refcount_attr"):
             value = getattr(self, name)
             parts = value.split(".") if name == "id_attr" and isinstance(value, str) else [value]
             if value is not None and not all(isinstance(p, str) and p.isidentifier()
@@ -56,6 +63,9 @@ class AllocatorSpec:
                                 f"not {value!r}")
         if not self.free:
             raise ValueError("AllocatorSpec.free must name the method that takes ids back")
+        if self.refcount_attr is not None and (self.id_attr is None or not self.refcounted):
+            raise ValueError("AllocatorSpec.refcount_attr names an attribute of the block "
+                             "objects of a refcounted pool: it needs id_attr and refcounted=True")
         if self.skip is not None and not callable(self.skip):
             raise TypeError("AllocatorSpec.skip must be callable(id or object) -> bool")
         if self.adapter is not None and not callable(self.adapter):

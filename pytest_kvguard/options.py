@@ -19,7 +19,8 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 _BOOL_KEYWORDS = ("tensor_ok", "refcounted", "iterator_ok")
 _POSITION_KEYWORDS = ("free_arg", "pool_arg")
-_OPTIONAL_KEYWORDS = ("alloc", "pool_arg", "share", "id_attr", "size", "free_count", "live_ids")
+_OPTIONAL_KEYWORDS = ("alloc", "pool_arg", "share", "id_attr", "refcount_attr", "size",
+                      "free_count", "live_ids")
 
 
 @dataclass

@@ -12,6 +12,12 @@ Block 0 is the null block: popped at start, its ``ref_cnt`` never maintained, sk
 ``free_blocks`` and ``touch``. ``free_blocks`` also hands blocks of another pool (``block.pool``)
 on to that pool, whose own guard checks them. ``free_blocks`` iterates its argument once
 (``SingleTypeKVCacheManager.free`` passes ``reversed(list)``), so a one-shot iterator is legal.
+Copy-on-write takes a reference without ``touch``: ``SingleTypeKVCacheManager._apply_cow`` (and
+the partial-hit path of the hybrid manager) does ``block.ref_cnt += 1`` and releases it later
+through ``free_blocks``. So each block's own ``ref_cnt`` is the spec's ``refcount_attr``: the
+guard takes it as the truth at every release, and a release is a double free only when the
+block is already back in the free queue or its ``ref_cnt`` is already 0.
+
 Size ``num_gpu_blocks`` (the null block included), free count ``get_num_free_blocks()``
 (blocks in the free queue, evictable cached blocks included).
 """
@@ -72,8 +78,8 @@ def _sync_refcounts(guard) -> None:
 SPECS = {
     BLOCK_POOL: AllocatorSpec(
         alloc="get_new_blocks", free="free_blocks", share="touch", id_attr="block_id",
-        refcounted=True, skip=_not_this_pools, iterator_ok=True, size="num_gpu_blocks",
-        free_count="get_num_free_blocks", live_ids=_live_blocks,
+        refcounted=True, refcount_attr="ref_cnt", skip=_not_this_pools, iterator_ok=True,
+        size="num_gpu_blocks", free_count="get_num_free_blocks", live_ids=_live_blocks,
         adapter=adapter(_sync_refcounts, freeing("unpin_blocks")),
     ),
 }

@@ -153,6 +153,72 @@ def test_a_premature_free_shows_as_a_stale_table(vllm):
     assert info.value.kind == "stale-table"
 
 
+def test_copy_on_write_reference_taken_behind_the_pool_is_no_double_free(vllm):
+    """vLLM's copy-on-write paths take a reference by ``block.ref_cnt += 1`` on the block, not
+    through ``touch`` (``SingleTypeKVCacheManager._apply_cow`` holds the CoW target until the
+    copy has run; the partial-hit path of the hybrid manager holds the source), and release it
+    later through ``free_blocks``. The pool's own ``ref_cnt`` is the truth: two releases of a
+    block holding two references are no double free, a third one is."""
+    pool = pool_of(vllm)
+    g = kvguard.guard(pool)
+    source, cow = pool.get_new_blocks(2)
+    cow.ref_cnt += 1                      # _apply_cow: the pending copy holds the target too
+    pool.free_blocks([source, cow])       # the request finishes
+    assert cow.ref_cnt == 1 and g.live[cow.block_id].refcount == 1
+    pool.free_blocks([cow])               # the copy has run: its reference goes
+    assert cow.ref_cnt == 0 and g.violations == [] and g.live == {}
+    assert g.check() == {None: (0, 0)}
+    before = queue(pool)
+    with pytest.raises(kvguard.DoubleFreeError) as info:
+        pool.free_blocks([cow])           # a real double free: already queued, ref_cnt 0
+    assert info.value.block_ids == (cow.block_id,)
+    assert cow.ref_cnt == 0 and queue(pool) == before and g.check() == {None: (0, 0)}
+
+
+def test_a_reference_added_behind_the_pool_to_a_queued_block_is_still_a_double_free(vllm):
+    """The other side: a block already back in the free queue is freed again after someone
+    bumped its ``ref_cnt`` behind the pool. vLLM would queue it a second time; the guard says
+    double free, whatever the count says."""
+    pool = pool_of(vllm)
+    kvguard.guard(pool)
+    (b,) = pool.get_new_blocks(1)
+    pool.free_blocks([b])
+    b.ref_cnt += 1
+    before = queue(pool)
+    with pytest.raises(kvguard.DoubleFreeError):
+        pool.free_blocks([b])
+    assert b.ref_cnt == 1 and queue(pool) == before
+
+
+def test_a_block_whose_own_count_is_already_zero_is_a_double_free(vllm):
+    """A reference dropped behind the guard (``ref_cnt -= 1`` on a live block), then a free:
+    vLLM would take ``ref_cnt`` to -1. Caught at that free, with nothing changed."""
+    pool = pool_of(vllm)
+    g = kvguard.guard(pool)
+    b, other = pool.get_new_blocks(2)
+    b.ref_cnt -= 1
+    before = queue(pool)
+    with pytest.raises(kvguard.DoubleFreeError) as info:
+        pool.free_blocks([other, b])
+    assert info.value.block_ids == (b.block_id,) and "ref_cnt" in str(info.value)
+    assert (b.ref_cnt, other.ref_cnt) == (0, 1) and queue(pool) == before
+    assert sorted(g.live) == sorted([b.block_id, other.block_id])
+
+
+def test_copy_on_write_in_log_mode_keeps_the_ledger_on_the_pools_counts(vllm):
+    pool = pool_of(vllm, caching=True)
+    g = kvguard.guard(pool, on_violation="log")
+    a = pool.get_new_blocks(3)
+    pool.touch(a[:1])
+    for block in a[1:]:
+        block.ref_cnt += 1
+    pool.free_blocks(a)
+    assert {k: v.refcount for k, v in g.live.items()} == {
+        b.block_id: b.ref_cnt for b in a if b.ref_cnt > 0}
+    pool.free_blocks(a)
+    assert g.violations == [] and g.live == {} and g.check() == {None: (0, 0)}
+
+
 def test_blocks_of_another_pool_are_that_pools_business(vllm):
     kvguard.instrument()
     host, device = pool_of(vllm, 4), pool_of(vllm, 4)
@@ -190,11 +256,12 @@ def test_attaching_to_a_busy_pool_adopts_its_references(vllm):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from("ntf"), st.integers(1, 3), st.integers(0, 99)),
+@given(st.lists(st.tuples(st.sampled_from("ntcf"), st.integers(1, 3), st.integers(0, 99)),
                 max_size=40))
 def test_ledger_refcounts_follow_ref_cnt(vllm, ops):
-    """Random hand-outs, prefix hits and releases by a correct caller: no violation, and the
-    ledger's reference counts are vLLM's own."""
+    """Random hand-outs, prefix hits, copy-on-write references (``ref_cnt += 1``, behind the
+    pool) and releases by a correct caller: no violation, and the ledger's reference counts are
+    vLLM's own after every release."""
     pool = pool_of(vllm, 12, caching=True)
     g = kvguard.guard(pool)
     refs = []  # one entry per reference a request holds
@@ -205,9 +272,20 @@ def test_ledger_refcounts_follow_ref_cnt(vllm, ops):
             block = refs[pick % len(refs)]
             pool.touch([block])
             refs.append(block)
+        elif op == "c" and refs:
+            block = refs[pick % len(refs)]
+            block.ref_cnt += 1
+            refs.append(block)
         elif op == "f" and refs:
-            pool.free_blocks([refs.pop(pick % len(refs))])
+            block = refs.pop(pick % len(refs))
+            pool.free_blocks([block])
+            live = g.live.get(block.block_id)
+            assert (live.refcount if live else 0) == block.ref_cnt
     assert g.violations == []
-    assert {k: v.refcount for k, v in g.live.items()} == {
-        b.block_id: b.ref_cnt for b in pool.blocks if b.ref_cnt > 0 and not b.is_null}
+    if not any(op == "c" for op, _, _ in ops):  # a CoW reference is seen at its release only
+        assert {k: v.refcount for k, v in g.live.items()} == {
+            b.block_id: b.ref_cnt for b in pool.blocks if b.ref_cnt > 0 and not b.is_null}
     assert g.check()[None][0] == g.check()[None][1]
+    for block in refs:  # every request finishes
+        pool.free_blocks([block])
+    assert g.violations == [] and g.live == {} and g.check() == {None: (0, 0)}

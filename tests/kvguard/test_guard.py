@@ -382,6 +382,10 @@ def test_guard_rejects_bad_arguments():
         kvguard.guard(a, kvguard.AllocatorSpec(free_arg="ids"))
     with pytest.raises(TypeError, match="free_arg"):
         kvguard.AllocatorSpec(free_arg=True)
+    with pytest.raises(ValueError, match="needs id_attr and refcounted=True"):
+        kvguard.AllocatorSpec(id_attr="block_id", refcount_attr="ref_cnt")
+    with pytest.raises(TypeError, match="refcount_attr"):
+        kvguard.AllocatorSpec(id_attr="block_id", refcounted=True, refcount_attr="ref.cnt")
     assert kvguard.guard_of(a) is None and "free" not in vars(a)
 
     class Slotted:

@@ -51,6 +51,7 @@ def test_stacks_off_keeps_no_allocation_stacks(suite):
     ("kvguard_allocators = pool:Pool refcounted=maybe", "refcounted takes true or false"),
     ("kvguard_allocators = pool:Pool skip=f", "skip takes a callable"),
     ("kvguard_allocators = pool:Pool size", "'size' is not key=value"),
+    ("kvguard_allocators = pool:Pool refcount_attr=ref_cnt", "needs id_attr and refcounted"),
 ])
 def test_a_bad_ini_setting_stops_the_run_with_one_line(suite, ini, message):
     suite.makeini(f"[pytest]\nkvguard = true\n{ini}\n")
@@ -114,13 +115,14 @@ def test_parse_allocator_line_builds_the_spec_without_importing():
     name, spec = parse_allocator_line(
         "engine.never_imported:Outer.Pool alloc=get free=put free_arg=blocks pool_arg=0 "
         "share=touch id_attr=block_id refcounted=yes tensor_ok=false iterator_ok=1 "
-        "size=num_blocks free_count=none live_ids=live")
+        "size=num_blocks free_count=none live_ids=live refcount_attr=ref_cnt")
     assert name == "engine.never_imported.Outer.Pool"
     assert (spec.alloc, spec.free, spec.free_arg, spec.pool_arg, spec.share) == (
         "get", "put", "blocks", 0, "touch")
     assert (spec.id_attr, spec.refcounted, spec.tensor_ok, spec.iterator_ok) == (
         "block_id", True, False, True)
     assert (spec.size, spec.free_count, spec.live_ids) == ("num_blocks", None, "live")
+    assert spec.refcount_attr == "ref_cnt"
     import sys
     assert "engine" not in sys.modules
 

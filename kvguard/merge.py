@@ -17,6 +17,11 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from . import kinds
+from .records import is_bare_violation, is_kvguard, parse, problem
+
+
+MAX_PROBLEMS_LISTED = 100
+"""Skipped lines a JSON summary names one by one (all are counted)."""
 
 
 @dataclass
@@ -27,8 +32,16 @@ class Records:
     stats: list = field(default_factory=list)
     starts: list = field(default_factory=list)
     files: list = field(default_factory=list)
-    skipped: int = 0
-    """Lines that were not kvguard records (not JSON, or another program's JSON)."""
+    problems: list = field(default_factory=list)
+    """``(file, line, why)`` of every line skipped (line 0: the whole file could not be read)."""
+
+    @property
+    def skipped(self) -> int:
+        """Lines skipped: not JSON, another program's JSON, or an ill-formed kvguard record."""
+        return len(self.problems)
+
+    def skip(self, path: str, line: int, why: str) -> None:
+        self.problems.append((path, line, why))
 
 
 def collect_files(paths) -> list:
@@ -54,48 +67,65 @@ def collect_files(paths) -> list:
 
 
 def load(files) -> Records:
-    """Read kvguard records from JSON-lines files."""
+    """Read kvguard records from JSON-lines files. A line that is not a well-formed kvguard
+    record, or a file that cannot be read, is skipped and named in ``Records.problems``; every
+    other line is still read."""
     records = Records(files=list(files))
     for path in files:
         instance: dict = {}
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    records.skipped += 1
-                    continue
-                record = _normalized(record)
-                if record is None:
-                    records.skipped += 1
-                    continue
-                who = (record.get("host", ""), record.get("pid", 0))
-                if record["event"] == "start":
-                    instance[who] = record.get("time", 0)
-                record["process"] = (*who, instance.get(who, 0), path)
-                record["file"] = path
-                getattr(records, {"start": "starts", "stats": "stats",
-                                  "violation": "violations"}[record["event"]]).append(record)
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for number, line in enumerate(f, 1):
+                    line = line.strip()
+                    if line:
+                        _read_line(records, instance, path, number, line)
+        except OSError as exc:
+            records.skip(path, 0, f"cannot read the file: {exc.strerror or exc}")
     return records
 
 
-def _normalized(record):
-    if not isinstance(record, dict):
-        return None
-    if record.get("event") in ("start", "stats", "violation") and "kvguard" in record:
-        if record["event"] == "violation" and not isinstance(record.get("violation"), dict):
-            return None
-        return record
-    if record.get("kind") in kinds.MEANING and "summary" in record:  # a bare Violation.to_dict()
-        alloc = record.get("allocator") or {}
-        return {"kvguard": 0, "event": "violation", "time": record.get("time", 0),
-                "pid": record.get("pid", 0), "host": "", "occurrence": 1,
-                "guard": {"name": alloc.get("name", ""), "class": alloc.get("class", "")},
-                "violation": record}
-    return None
+def of_run(records: Records, run: str) -> Records:
+    """Only the records of the processes one ``kvguard run`` started (their start lines carry
+    its ``KVGUARD_RUN`` id)."""
+    mine = {r["process"] for r in records.starts if r.get("run") == run}
+    return Records(violations=[r for r in records.violations if r["process"] in mine],
+                   stats=[r for r in records.stats if r["process"] in mine],
+                   starts=[r for r in records.starts if r["process"] in mine],
+                   files=sorted({p[3] for p in mine}), problems=list(records.problems))
+
+
+def _read_line(records: Records, instance: dict, path: str, number: int, line: str) -> None:
+    record, why = parse(line)
+    if record is not None:
+        record, why = normalized(record)
+    if record is None:
+        records.skip(path, number, why)
+        return
+    who = (record.get("host", ""), record.get("pid", 0))
+    if record["event"] == "start":
+        instance[who] = record.get("time", 0)
+    record["process"] = (*who, instance.get(who, 0), path)
+    record["file"] = path
+    getattr(records, {"start": "starts", "stats": "stats",
+                      "violation": "violations"}[record["event"]]).append(record)
+
+
+def normalized(record: dict):
+    """``(record, None)`` for a well-formed staging record (a bare ``Violation.to_dict()`` is
+    wrapped into one), else ``(None, why)``."""
+    if is_bare_violation(record):
+        alloc = record.get("allocator")
+        alloc = alloc if isinstance(alloc, dict) else {}
+        record = {"kvguard": 0, "event": "violation", "time": record.get("time", 0),
+                  "pid": record.get("pid", 0), "host": "", "occurrence": 1,
+                  "guard": {"name": alloc.get("name", ""), "class": alloc.get("class", "")},
+                  "violation": record}
+    elif not is_kvguard(record):
+        return None, "not a kvguard record"
+    why = problem(record)
+    if why is not None:
+        return None, f"ill-formed {record.get('event')} record: {why}"
+    return record, None
 
 
 def _site(violation: dict) -> str:
@@ -200,6 +230,8 @@ def summarize(records: Records, top: int = 10) -> dict:
         "exact": exact,
         "lines": len(records.violations),
         "skipped_lines": records.skipped,
+        "skipped": [{"file": f, "line": n, "why": why}
+                    for f, n, why in records.problems[:MAX_PROBLEMS_LISTED]],
         "dropped_lines": dropped,
         "by_kind": {k: {**e, "processes": len(e["processes"])}
                     for k, e in sorted(by_kind.items(), key=lambda kv: (-kv[1]["count"], kv[0]))},
@@ -269,9 +301,18 @@ def render(summary: dict) -> str:
         notes.append(f"{summary['dropped_lines']:,} violation line(s) not written: the file "
                      "reached KVGUARD_LOG_MAX_MB")
     if summary["skipped_lines"]:
-        notes.append(f"{summary['skipped_lines']:,} line(s) skipped: not kvguard records")
+        notes.append(f"{summary['skipped_lines']:,} line(s) skipped: not kvguard records, or "
+                     "ill-formed ones:")
+        for skipped in summary["skipped"][:10]:
+            where = f"{skipped['file']}:{skipped['line']}" if skipped["line"] else \
+                skipped["file"]
+            notes.append(f"  {where}: {skipped['why']}")
+        if summary["skipped_lines"] > 10:
+            notes.append(f"  ... and {summary['skipped_lines'] - 10:,} more (--format json "
+                         f"lists {MAX_PROBLEMS_LISTED})")
     if notes:
-        lines += ["", "notes:"] + [f"  - {note}" for note in notes]
+        lines += ["", "notes:"] + [f"    {note}" if note.startswith("  ") else f"  - {note}"
+                                   for note in notes]
     for kind, first in summary["first"].items():
         v = Violation.from_dict(first["violation"])
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v.time)) if v.time else "?"
@@ -306,12 +347,15 @@ def report_command(argv) -> int:
         raise UsageError(f"kvguard report: error: {exc}") from None
     if not files:
         raise UsageError(f"kvguard report: error: no *.jsonl files in {' '.join(args.paths)}")
-    try:
-        records = load(files)
-    except OSError as exc:
-        raise UsageError(f"kvguard report: error: {exc}") from None
+    records = load(files)
     if not (records.violations or records.stats or records.starts):
-        raise UsageError(f"kvguard report: error: no kvguard records in {len(files)} file(s)")
+        first = ""
+        if records.problems:
+            path, line, why = records.problems[0]
+            first = (f" ({records.skipped} line(s) skipped; first: "
+                     f"{path}{':' + str(line) if line else ''}: {why})")
+        raise UsageError(f"kvguard report: error: no kvguard records in {len(files)} "
+                         f"file(s){first}")
     summary = summarize(records, top=max(args.top, 0))
     if args.format == "json":
         json.dump(_jsonable(summary), sys.stdout, indent=2)

@@ -137,7 +137,7 @@ class Replay:
         first = self.first_wrong
         return {"guard": self.guard, "pid": self.pid, "file": self.file,
                 "steps": [s.to_dict() for s in self.steps],
-                "reports": [{"after_call": c, "kind": v["kind"], "block_ids": v["block_ids"],
+                "reports": [{"after_call": c, "kind": v["kind"], "block_ids": v.get("block_ids", []),
                              "summary": v.get("summary", "")} for c, v in self.reports],
                 "first_wrong": first.to_dict() if first else None}
 
@@ -189,20 +189,19 @@ class Replay:
 
 
 def _violation_records(path: str) -> list:
-    from .merge import load
+    from .merge import load, normalized
     records = load([path]).violations
     if records:
         return records
     try:  # one pretty-printed Violation.to_dict(), or a list of them
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8", errors="replace") as f:
             data = json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return []
-    from .merge import _normalized
     items = data if isinstance(data, list) else [data]
     out = []
     for item in items:
-        rec = _normalized(item)
+        rec = normalized(item)[0] if isinstance(item, dict) else None
         if rec is not None and rec["event"] == "violation":
             rec["process"] = (rec.get("host", ""), rec.get("pid", 0), 0, path)
             rec["file"] = path

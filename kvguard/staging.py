@@ -54,6 +54,8 @@ VARIABLES = {
                         "separated: pkg.mod.Class (the default spec), pkg.mod.Class(alloc=get, "
                         "free=put, size=num_blocks, refcounted=true, ...) or "
                         "pkg.mod.Class=pkg.specs:SPEC (an AllocatorSpec object)",
+    "KVGUARD_RUN": "set by kvguard run: an id written into each process's start line, so that "
+                   "the run's closing summary counts only its own processes",
 }
 """Every environment variable staging reads, with its meaning (``kvguard run --help`` too)."""
 
@@ -77,6 +79,8 @@ class StagingConfig:
     register: tuple = field(default_factory=tuple)
     """``(dotted class name, AllocatorSpec or None)`` pairs; None: the spec registered already
     (a built-in), else the default one."""
+    run: str | None = None
+    """The ``kvguard run`` this process belongs to (``KVGUARD_RUN``), written in its start line."""
 
     def guard_options(self) -> dict:
         """Keywords for every ``kvguard.guard()`` that ``instrument()`` makes."""
@@ -110,8 +114,10 @@ def config_from_env(environ=None) -> StagingConfig | None:
     max_mb = _count(environ, "KVGUARD_LOG_MAX_MB", 64, 1)
     log = environ.get("KVGUARD_LOG", "").strip() or None
     register = tuple(parse_register(environ.get("KVGUARD_REGISTER", "")))
+    run = environ.get("KVGUARD_RUN", "").strip() or None
     return StagingConfig(mode=mode, log=log, stacks=stacks, sample=sample, history=history,
-                         log_every=log_every, log_max_bytes=max_mb << 20, register=register)
+                         log_every=log_every, log_max_bytes=max_mb << 20, register=register,
+                         run=run)
 
 
 def _choice(environ, name, choices, default) -> str:
@@ -258,8 +264,9 @@ class JsonLinesSink:
     """
 
     def __init__(self, template: str, *, every: int = 100, max_bytes: int = 64 << 20,
-                 config: dict | None = None) -> None:
+                 config: dict | None = None, run: str | None = None) -> None:
         self.template = template
+        self.run = run
         self.every = max(1, every)
         self.max_bytes = max_bytes
         self.config = config or {}
@@ -355,6 +362,8 @@ class JsonLinesSink:
                  "pid": os.getpid(), "ppid": os.getppid(), "host": socket.gethostname(),
                  "argv": list(getattr(sys, "argv", ())), "python": sys.version.split()[0],
                  "version": __version__, "config": self.config}
+        if self.run is not None:
+            start["run"] = self.run
         data = (json.dumps(start, default=repr) + "\n").encode()
         os.write(self._fd, data)
         self.written += len(data)
@@ -399,7 +408,7 @@ class Staging:
         if self.config.log:
             self.sink = JsonLinesSink(self.config.log, every=self.config.log_every,
                                       max_bytes=self.config.log_max_bytes,
-                                      config=self.config.to_dict())
+                                      config=self.config.to_dict(), run=self.config.run)
             self._unsubscribe = subscribe(self.sink)
         registry.instrument(**self.config.guard_options())
         atexit.register(self.close)
@@ -532,6 +541,7 @@ def run_command(argv) -> int:
                          "serve.py ...)")
     env = dict(os.environ)
     env["KVGUARD"] = "1"
+    env["KVGUARD_RUN"] = run = f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}"
     log = args.log or env.get("KVGUARD_LOG") or "kvguard-logs"
     if "{pid}" not in log and not log.endswith(".jsonl"):
         log = os.path.join(log, "kvguard-{pid}.jsonl")
@@ -570,13 +580,17 @@ def run_command(argv) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    _run_summary(env["KVGUARD_LOG"], started)
+    try:
+        _run_summary(env["KVGUARD_LOG"], started, run)
+    except Exception as exc:  # the summary is a courtesy: the command's status is what counts
+        print(f"kvguard: no summary of this run: {exc!r}", file=sys.stderr)
     return code if code >= 0 else 128 - code
 
 
-def _run_summary(template: str, since: float) -> None:
-    """One line on stderr after the command: what the processes it ran reported."""
-    from .merge import collect_files, load, summarize
+def _run_summary(template: str, since: float, run: str) -> None:
+    """One line on stderr after the command: what the processes it ran reported (only those:
+    the directory may hold earlier runs' files, or one file shared by every run)."""
+    from .merge import collect_files, load, of_run, summarize
     if "{pid}" in template or "{host}" in template:
         where = os.path.dirname(template)
         try:
@@ -586,11 +600,12 @@ def _run_summary(template: str, since: float) -> None:
     else:
         where = template
         files = [template] if os.path.isfile(template) else []
-    if not files:
+    records = of_run(load(files), run) if files else None
+    if records is None or not records.starts:
         print(f"kvguard: nothing reported under {where}: no registered allocator was used, "
               "or the command's Python does not have kvguard installed", file=sys.stderr)
         return
-    summary = summarize(load(files))
+    summary = summarize(records)
     n = summary["violations"]
     found = f"{n} violation(s)" if n else "no violations"
     print(f"kvguard: {found} in {len(summary['processes'])} guarded process(es); see: "

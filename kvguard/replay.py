@@ -137,7 +137,8 @@ class Replay:
         first = self.first_wrong
         return {"guard": self.guard, "pid": self.pid, "file": self.file,
                 "steps": [s.to_dict() for s in self.steps],
-                "reports": [{"after_call": c, "kind": v["kind"], "block_ids": v.get("block_ids", []),
+                "reports": [{"after_call": c, "kind": v["kind"],
+                             "block_ids": v.get("block_ids", []),
                              "summary": v.get("summary", "")} for c, v in self.reports],
                 "first_wrong": first.to_dict() if first else None}
 

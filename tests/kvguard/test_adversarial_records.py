@@ -107,8 +107,8 @@ def _replace(record, path, value, delete=False):
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(min_value=-(1 << 70), max_value=1 << 70)
     | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
-                                                                 max_size=3),
+    lambda inner: (st.lists(inner, max_size=3)
+                   | st.dictionaries(st.text(max_size=4), inner, max_size=3)),
     max_leaves=6)
 
 

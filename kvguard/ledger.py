@@ -149,6 +149,19 @@ class Ledger:
     def in_range(self, block: int) -> bool:
         return 0 <= block and (self.size is None or block < self.size) and block < MAX_DENSE
 
+    def resize(self, size: int) -> None:
+        """The allocator was rebuilt with ``size`` ids (SGLang's ``resize()``): ids past it are
+        gone, so a later free of one is out of range; new ids are unseen; tombstones below it
+        stay, so a free through an id held across the resize is still a double free."""
+        n = len(self.stamp)
+        for column in self.columns():
+            if size < n:
+                del column[size:]
+            else:
+                column.extend(_zeros(column.typecode, size - n))
+        self.size = size
+        self.uncertain = {b for b in self.uncertain if b < size}
+
     # --- state changes: each takes ids the guard has already validated ---
 
     def allocate(self, ids, clock: int, site: int) -> None:

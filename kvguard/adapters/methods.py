@@ -21,6 +21,7 @@ from ..guard import _MISSING
 from ..errors import error_for
 from ..ids import normalize
 from ..ledger import _current_owner
+from ..spec import per_pool, read
 from ..stacks import SITES
 
 
@@ -164,10 +165,12 @@ def _form_violations(guard, name, value, spec) -> list:
             for f in norm.faults]
 
 
-def resetting(name):
+def resetting(name, follow=None):
     """``name`` returns every block of every sub-pool to the allocator (Hugging Face's
     ``CachePool.reset()``, SGLang's ``clear()``): the ledgers follow, so blocks handed out
     again afterwards are not mistaken for blocks handed out twice."""
+    follow = follow or _forget_all
+
     def install(guard) -> None:
         def build(original):
             lock = guard._lock
@@ -178,11 +181,38 @@ def resetting(name):
                     return original(*args, **kwargs)
                 with lock:
                     result = original(*args, **kwargs)
-                    guard._protect(_forget_all, guard, _site(guard))
+                    guard._protect(follow, guard, _site(guard))
                     return result
             return wrapper
         _shadow(guard, name, build)
     return install
+
+
+def resizing(name):
+    """``name`` gives the allocator another size and returns every block (SGLang's
+    ``resize(config)``, which ends in its own ``clear()``, a pass-through under the lock): the
+    ledgers forget every live block, take the new size (an id past it is then out of range, new
+    ids are unseen) and ``check()`` counts from the rebuilt pool."""
+    return resetting(name, _follow_resize)
+
+
+def _follow_resize(guard, site) -> None:
+    _forget_all(guard, site)
+    spec = guard.spec
+    allocator = guard.allocator
+    if spec.size is not None:
+        sizes = read(allocator, spec.size)
+        for pool, ledger in guard._ledgers.items():
+            size = per_pool(sizes, pool)
+            if ledger.size is not None and size is not None:
+                ledger.resize(int(size))
+    now = guard._free_count(allocator)
+    if isinstance(now, dict):
+        keyed = spec.pool_arg is not None
+        guard._baseline = {p: c - guard._expected_delta(p if keyed else None)
+                           for p, c in now.items()}
+    elif now is not None:
+        guard._baseline = now - sum(guard._expected_delta(p) for p in guard._ledgers)
 
 
 def _forget_all(guard, site) -> None:

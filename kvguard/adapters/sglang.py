@@ -20,6 +20,11 @@ releases them without a second check; the paged allocator's are checked when the
 and they reach ``_release_page_ids``. A ``free_group_end()`` without an open group that frees
 again (before sglang#36739 the pending list was never cleared) is a ``double-free``.
 
+The token allocator's free count for ``Guard.check()`` adds an open group's deferred slots to
+``available_size()``: the guard counted them free at the deferred call. ``resize(config)``
+rebuilds either allocator with another size and ends in ``clear()``: the ledger takes the new
+size (an id past it is out of range from then on) and forgets every live block.
+
 ``ReqToTokenPool`` hands out request rows (``alloc_rows``/``free_rows``, plain lists; row 0 is
 padding). ``clear()`` returns everything on all three.
 """
@@ -27,7 +32,7 @@ padding). ``clear()`` returns everything on all three.
 from __future__ import annotations
 
 from ..spec import AllocatorSpec
-from .methods import adapter, allocating, checking, resetting, settled
+from .methods import adapter, allocating, checking, resetting, resizing, settled
 
 TOKEN_ALLOCATOR = "sglang.srt.mem_cache.allocator.token.TokenToKVPoolAllocator"
 PAGED_ALLOCATOR = "sglang.srt.mem_cache.allocator.paged.PagedTokenToKVPoolAllocator"
@@ -55,6 +60,16 @@ def _unused(n, free_tensors) -> list:
     return used.nonzero().flatten().tolist()
 
 
+def _free_slots(allocator) -> int:
+    """``available_size()`` plus the slots deferred in an open free group: the caller gave them
+    up at the deferred call, where the guard counted them, and ``free_group_end()`` puts them
+    on the free list without a second check."""
+    free = allocator.available_size()
+    if group_open(allocator):
+        free += sum(t.numel() for t in allocator.free_group or ())
+    return free
+
+
 def _used_slots(allocator) -> list:
     # Slots deferred in an open group were given up already: not live.
     return _unused(allocator.size + 1, [allocator.free_pages, allocator.release_pages,
@@ -80,8 +95,9 @@ def new_pages(allocator, tokens):
 SPECS = {
     TOKEN_ALLOCATOR: AllocatorSpec(
         alloc="alloc", free="free", tensor_ok=True, size=lambda a: a.size + 1,
-        free_count="available_size", live_ids=_used_slots,
-        adapter=adapter(settled("free_group_end", group_open), resetting("clear")),
+        free_count=_free_slots, live_ids=_used_slots,
+        adapter=adapter(settled("free_group_end", group_open), resetting("clear"),
+                        resizing("resize")),
     ),
     PAGED_ALLOCATOR: AllocatorSpec(
         alloc=None, free="_release_page_ids", tensor_ok=True, size=lambda a: a.num_pages + 1,
@@ -89,7 +105,7 @@ SPECS = {
         adapter=adapter(
             allocating("alloc", new_pages), allocating("alloc_extend", new_pages),
             allocating("alloc_decode", new_pages), checking("free"), checking("free_page_ids"),
-            resetting("clear"),
+            resetting("clear"), resizing("resize"),
         ),
     ),
     REQ_TO_TOKEN_POOL: AllocatorSpec(

@@ -7,6 +7,8 @@ sglang#36739 fixed free groups; its test runs the 0.5.23 allocator with free gro
 before the fix (a flag beside the pending list, the list never cleared), release path unchanged.
 """
 
+import types
+
 import pytest
 import torch
 
@@ -116,6 +118,100 @@ def test_deferred_frees_are_checked_at_the_deferred_call(sg):
     a.free_group_end()
     a.free_group_end()  # since sglang#36739, a second end frees nothing
     assert a.available_size() == 8 and g.live == {} and len(g.violations) == 1
+
+
+def test_check_agrees_inside_an_open_free_group(sg):
+    """Frees deferred by ``free_group_begin()`` are given up by the caller (the ledger counts
+    them at the deferred call) but still off the free list (``available_size()`` counts them
+    at ``free_group_end()``): ``check()`` counts them as free on both sides."""
+    a = token_allocator(sg)
+    g = kvguard.guard(a)
+    x = a.alloc(5)
+    a.free_group_begin()
+    a.free(x[:2])
+    a.free(x[2:3])
+    assert a.available_size() == 3  # nothing released yet
+    assert g.check() == {None: (-2, -2)}
+    a.free_group_end()
+    assert a.available_size() == 6 and g.check() == {None: (-2, -2)}
+    a.free_group_begin()
+    a.free_group_end()  # an empty group
+    assert g.check() == {None: (-2, -2)}
+
+
+def test_check_agrees_inside_a_free_group_before_the_36739_fix(sg):
+    """Before sglang#36739 the pending list outlived the group: only an open group's frees are
+    deferred ones."""
+    a = token_allocator(sg, cls=before_fix_36739(sg.TokenToKVPoolAllocator))
+    g = kvguard.guard(a)
+    x = a.alloc(4)
+    a.free_group_begin()
+    a.free(x[:3])
+    assert g.check() == {None: (-1, -1)}
+    a.free_group_end()  # the stale list stays behind, closed
+    assert a.free_group and g.check() == {None: (-1, -1)}
+
+
+def test_check_agrees_inside_a_free_group_of_the_paged_allocator(sg):
+    """The paged allocator's deferred frees reach the ledger when the group ends: both sides
+    count them then."""
+    p = paged_allocator(sg)
+    g = kvguard.guard(p)
+    tokens = p.alloc(12)
+    p.free_group_begin()
+    p.free(tokens[:4])
+    p.free_page_ids(tokens[4:5] // 4)
+    assert g.check() == {None: (-3, -3)} and len(g.live) == 3
+    p.free_group_end()
+    assert g.check() == {None: (-1, -1)} and len(g.live) == 1
+
+
+def resize_config(tokens):
+    """What ``resize()`` reads of SGLang's ``ModelRunner`` config."""
+    return types.SimpleNamespace(max_total_num_tokens=tokens)
+
+
+def test_resize_grows_the_ledger_with_the_pool(sg):
+    a = token_allocator(sg, size=8)
+    g = kvguard.guard(a)
+    old = a.alloc(3)
+    a.resize(resize_config(16))
+    assert g.ledger().size == a.size + 1 == 17 and g.live == {}
+    assert g.check() == {None: (0, 0)}  # counted from the rebuilt pool
+    x = a.alloc(16)  # ids 9..16 exist now
+    assert sorted(g.live) == list(range(1, 17)) and g.violations == []
+    a.free(x)
+    with pytest.raises(kvguard.DoubleFreeError):
+        a.free(old[:1])  # held across the resize, which gave it back
+    assert g.check() == {None: (0, 0)}
+
+
+def test_resize_shrinks_the_ledger_and_ids_past_it_are_out_of_range(sg):
+    a = token_allocator(sg, size=16)
+    g = kvguard.guard(a)
+    x = a.alloc(16)
+    a.resize(resize_config(8))
+    assert g.ledger().size == 9 and len(g.ledger()) == 9 and g.live == {}
+    before = free_list(a)
+    with pytest.raises(kvguard.InvalidIdError) as info:
+        a.free(x[-2:])  # slots 15 and 16 no longer exist
+    assert "outside the pool [0, 9)" in info.value.violation.message
+    assert free_list(a) == before
+    y = a.alloc(8)
+    a.free(y)
+    assert g.check() == {None: (0, 0)} and g.violations[1:] == []
+
+
+def test_resize_of_the_paged_allocator_follows_its_pages(sg):
+    p = paged_allocator(sg, size=32, page_size=4)
+    g = kvguard.guard(p)
+    p.alloc(8)
+    p.resize(resize_config(64))
+    assert g.ledger().size == p.num_pages + 1 == 17 and g.live == {}
+    tokens = p.alloc(64)
+    assert len(g.live) == 16 and g.violations == []
+    p.free(tokens)
+    assert g.check() == {None: (0, 0)}
 
 
 def before_fix_36739(base):

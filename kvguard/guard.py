@@ -1012,16 +1012,18 @@ class Guard:
                     self._record(v)
                     raise error_for(v)
 
-    def check_tables(self, tables, pool=None) -> list:
+    def check_tables(self, tables, pool=None, *, refs=None) -> list:
         """Check block tables against the ledger: ids that are not live are ``stale-table``; a
         live block in more owners' tables than it has references is ``shared-block``.
 
         ``tables``: a mapping owner -> ids, or a 2-D integer tensor with one row per sequence
         and negative entries as padding (checked on its own device; see kvguard.tables).
+        ``refs``: block id -> references held, for an engine that shares blocks above its
+        allocator (Hugging Face's ``BlockLedger.shared_ref_counts``).
         """
         from .tables import check_tables
         with self._lock:
-            found = check_tables(self, tables, pool)
+            found = check_tables(self, tables, pool, refs)
             for v in found:
                 self._record(v)
             if found and self.mode == "raise":

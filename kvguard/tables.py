@@ -5,7 +5,10 @@ that is not live is ``stale-table``: the block was freed (maybe already handed t
 never handed out, or, when the engine labels its allocations with ``kvguard.owner(key)`` using
 the table's keys, it is another owner's unshared block. A live block in more owners' tables than
 it has references is ``shared-block``: those owners overwrite each other's KV state. A block
-listed twice in one owner's table counts once (vLLM's sliding window re-lists blocks).
+listed twice in one owner's table counts once (vLLM's sliding window re-lists blocks). An engine
+that shares blocks above its allocator (Hugging Face's ``BlockLedger``: the pool hands a forked
+block out once) passes its own counts as ``refs``; they raise a live block's references, never
+revive a free one.
 
 Two forms, one meaning. A mapping owner -> ids (lists, tuples, numpy arrays, tensors on any
 device, objects carrying ``id_attr``) is read in Python, with every tensor in it fetched in one
@@ -22,15 +25,16 @@ from . import kinds
 from .ids import result_ids, torch_tensor_type
 
 
-def check_tables(guard, tables, pool=None) -> list:
+def check_tables(guard, tables, pool=None, refs=None) -> list:
     """The violations ``tables`` holds against ``guard``'s ledger (recording and raising is the
     caller's: ``Guard.check_tables``). Bad input raises ``TypeError``/``ValueError``."""
     ledger = guard.ledger(pool)
+    above = _references(refs)
     Tensor = torch_tensor_type()
     if Tensor is not None and isinstance(tables, Tensor):
-        stale, shared = _tensor_form(ledger, tables)
+        stale, shared = _tensor_form(ledger, tables, above)
     elif hasattr(tables, "items"):
-        stale, shared = _mapping_form(guard, ledger, tables)
+        stale, shared = _mapping_form(guard, ledger, tables, above)
     else:
         raise TypeError("check_tables() takes a mapping owner -> ids or a 2-D integer tensor "
                         f"(one row per sequence), not {type(tables).__name__}")
@@ -47,7 +51,7 @@ def check_tables(guard, tables, pool=None) -> list:
             "check_tables", pool, ledger, ids))
     if shared:
         ids = tuple(sorted(shared))
-        where = "; ".join(f"block {b} in {_owners(shared[b])}, {ledger.refcount(b)} "
+        where = "; ".join(f"block {b} in {_owners(shared[b])}, {_held(ledger, above, b)} "
                           f"reference(s)" for b in ids[:6])
         more = f"; and {len(ids) - 6} more" if len(ids) > 6 else ""
         found.append(guard._violation(kinds.SHARED_BLOCK, ids, (
@@ -56,6 +60,32 @@ def check_tables(guard, tables, pool=None) -> list:
             "through the allocator (a reference each) or copy it"),
             "check_tables", pool, ledger, ids))
     return found
+
+
+def _references(refs) -> dict:
+    """``refs`` checked: block id -> references held above the allocator (each >= 1)."""
+    if refs is None:
+        return {}
+    if not hasattr(refs, "items"):
+        raise TypeError(f"check_tables(refs=...) takes a mapping block id -> references held, "
+                        f"not {type(refs).__name__}")
+    out = {}
+    for b, n in refs.items():
+        if type(b) is not int or type(n) is not int:
+            raise TypeError(f"check_tables(refs=...) maps int block ids to int reference counts, "
+                            f"not {b!r}: {n!r}")
+        if n < 1:
+            raise ValueError(f"check_tables(refs=...): block {b} holds {n} references; a count "
+                             "is at least 1")
+        out[b] = n
+    return out
+
+
+def _held(ledger, above, b) -> int:
+    """References block ``b`` has: the ledger's, or more where the engine counts them above
+    the allocator (a block the ledger holds free has none, whatever ``above`` says)."""
+    own = ledger.refcount(b)
+    return max(own, above.get(b, 0)) if own else 0
 
 
 def _owners(owners) -> str:
@@ -80,7 +110,7 @@ def _state(ledger, b) -> str:
 
 # --- the mapping form ------------------------------------------------------------------------
 
-def _mapping_form(guard, ledger, tables):
+def _mapping_form(guard, ledger, tables, above):
     from .ledger import OWNERS
     from .stacks import SITES
 
@@ -109,7 +139,7 @@ def _mapping_form(guard, ledger, tables):
     # number of tables may hold it until the pool hands it out again.
     uncertain = ledger.uncertain
     shared = {b: owners for b, owners in holders.items()
-              if len(owners) > ledger.refcount(b) and b not in uncertain}
+              if len(owners) > _held(ledger, above, b) and b not in uncertain}
     return stale, shared
 
 
@@ -159,7 +189,7 @@ def _fetch(rows, tensors) -> None:
 
 # --- the tensor form -------------------------------------------------------------------------
 
-def _tensor_form(ledger, tables):
+def _tensor_form(ledger, tables, above):
     import torch
 
     if tables.dim() != 2 or tables.dtype.is_floating_point or tables.dtype.is_complex \
@@ -169,7 +199,7 @@ def _tensor_form(ledger, tables):
     if tables.numel() == 0:
         return {}, {}
     device = tables.device
-    refs = _upload(_refcounts(ledger, torch), device, torch)
+    refs = _upload(_refcounts(ledger, torch, above), device, torch)
     n = refs.numel()
     table = tables.long()
     valid = table >= 0
@@ -217,15 +247,22 @@ def _upload(values, device, torch):
     return values.to(device)
 
 
-def _refcounts(ledger, torch):
+def _refcounts(ledger, torch, above=None):
     """References per block as an int32 CPU tensor, built from the ledger's columns in bulk."""
     n = len(ledger.stamp)
     if not n:
         return torch.zeros(0, dtype=torch.int32)
     live = torch.frombuffer(ledger.stamp, dtype=torch.int64) > 0
     if ledger.ref is None:
-        return live.int()
-    refs = torch.frombuffer(ledger.ref, dtype=torch.int32) * live
+        refs = live.int()
+    else:
+        refs = torch.frombuffer(ledger.ref, dtype=torch.int32) * live
+    if above:  # references counted above the allocator, for live blocks only
+        ids = [b for b in above if 0 <= b < n]
+        if ids:
+            at = torch.tensor(ids, dtype=torch.long)
+            counts = torch.tensor([above[b] for b in ids], dtype=torch.int32)
+            refs[at] = torch.where(refs[at] > 0, torch.maximum(refs[at], counts), refs[at])
     if ledger.uncertain:  # unknown reference counts (adopted from a busy pool): never "shared"
         refs[list(ledger.uncertain)] = torch.iinfo(torch.int32).max
     return refs

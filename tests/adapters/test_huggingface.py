@@ -148,3 +148,53 @@ def test_reset_and_new_blocks_per_sector_start_afresh(hf):
     pool.allocate_sector(0)
     pool.free_blocks(0, pool.get_free_blocks(0, 8))
     assert g.violations == [] and g.ledger(0).size == 6 * full.blocks_per_sector * 2
+
+
+def test_check_tables_counts_block_ledger_references(hf):
+    """A fork shares the parent's full blocks above the pool: ``BlockLedger.shared_ref_counts``
+    holds their references, the pool handed each out once. Given those counts (``refs=``),
+    ``check_tables`` lets both tables hold a shared block and still catches a block that two
+    tables hold without a second reference."""
+    kvguard.instrument()
+    pool, (full, _) = cache(hf)
+    g = kvguard.guard_of(pool)
+    pool.allocate_sector(full.index)
+    full.allocate_cache_to_request("parent", 0, 12)
+    full.fork_blocks("parent", "child", 8)  # blocks 0-1 of the parent shared, one copied
+    shared = full.block_table["parent"][:2]
+    refs = full.ledger.shared_ref_counts
+    assert sorted(refs) == sorted(shared) and full.block_table["child"][:2] == shared
+    assert g.check_tables(full.block_table, pool=full.index, refs=refs) == []
+    rows = torch.tensor(list(full.block_table.values()))
+    assert g.check_tables(rows, pool=full.index, refs=refs) == []
+    with pytest.raises(kvguard.SharedBlockError) as info:  # without the counts: misjudged
+        g.check_tables(full.block_table, pool=full.index)
+    assert info.value.block_ids == tuple(sorted(shared))
+
+    own = full.block_table["child"][2]  # the child's copy: one reference
+    stray = {**full.block_table, "stray": [own, -1, -1]}
+    third = {**full.block_table, "third": [shared[1], -1, -1]}  # two references, three tables
+    for tables, block in ((stray, own), (third, shared[1])):
+        for form in (tables, torch.tensor(list(tables.values()))):
+            with pytest.raises(kvguard.SharedBlockError) as info:
+                g.check_tables(form, pool=full.index, refs=refs)
+            assert info.value.block_ids == (block,)
+
+    full.free_blocks("parent")  # the shared blocks stay live (the child holds them)
+    assert g.check_tables(full.block_table, pool=full.index, refs=refs) == []
+    full.free_blocks("child")
+    with pytest.raises(kvguard.StaleTableError):  # counts never revive a freed block
+        g.check_tables({"late": shared}, pool=full.index, refs={shared[0]: 2})
+
+
+@pytest.mark.parametrize("refs, error", [
+    ([1, 2], TypeError), ({1: True}, TypeError), ({"1": 2}, TypeError), ({1: 0}, ValueError),
+])
+def test_check_tables_rejects_bad_reference_counts(hf, refs, error):
+    pool, (full, _) = cache(hf)
+    g = kvguard.guard(pool)
+    pool.allocate_sector(0)
+    pool.get_free_blocks(0, 2)
+    with pytest.raises(error, match="refs"):
+        g.check_tables({"r": [1]}, pool=0, refs=refs)
+    assert g.violations == []

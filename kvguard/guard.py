@@ -1030,6 +1030,19 @@ class Guard:
                 raise error_for(found[0])
             return found
 
+    def snapshot(self) -> dict:
+        """The counters (``stats.to_dict()``) plus ``blocks_live`` and ``seeded`` (ids made live
+        at attach from the spec's ``live_ids``), for readers on other threads such as a metrics
+        scrape. The guard's lock is held for the counters' copy alone: the ledgers are counted
+        after it from copies of their columns, so the allocator never waits for a scan."""
+        with self._lock:
+            figures = self.stats.to_dict()
+        ledgers = list(self._ledgers.values())
+        adopted = sum(ledger.adopted for ledger in ledgers)
+        figures["blocks_live"] = sum(ledger.count_live() for ledger in ledgers)
+        figures["seeded"] = max(adopted - figures["learned"], 0)
+        return figures
+
     def __repr__(self) -> str:
         return (f"<kvguard.Guard {self.name} of {self.allocator_class} mode={self.mode} "
                 f"stacks={self.stacks} violations={sum(self.stats.violations.values())}>")

@@ -56,6 +56,11 @@ VARIABLES = {
                         "pkg.mod.Class=pkg.specs:SPEC (an AllocatorSpec object)",
     "KVGUARD_RUN": "set by kvguard run: an id written into each process's start line, so that "
                    "the run's closing summary counts only its own processes",
+    "KVGUARD_METRICS": "0 keeps kvguard's figures off prometheus_client's registry (default: "
+                       "on wherever the process has prometheus_client)",
+    "KVGUARD_METRICS_INTERVAL": "seconds between updates of the metrics files in "
+                                "prometheus_client's multi-process mode (PROMETHEUS_MULTIPROC_DIR; "
+                                "default 5)",
 }
 """Every environment variable staging reads, with its meaning (``kvguard run --help`` too)."""
 
@@ -81,6 +86,8 @@ class StagingConfig:
     (a built-in), else the default one."""
     run: str | None = None
     """The ``kvguard run`` this process belongs to (``KVGUARD_RUN``), written in its start line."""
+    metrics: bool = True
+    metrics_interval: float = 5.0
 
     def guard_options(self) -> dict:
         """Keywords for every ``kvguard.guard()`` that ``instrument()`` makes."""
@@ -91,6 +98,7 @@ class StagingConfig:
         d = {k: v for k, v in self.guard_options().items()}
         d["log"] = self.log
         d["register"] = [name for name, _ in self.register]
+        d["metrics"] = self.metrics
         return d
 
 
@@ -115,9 +123,11 @@ def config_from_env(environ=None) -> StagingConfig | None:
     log = environ.get("KVGUARD_LOG", "").strip() or None
     register = tuple(parse_register(environ.get("KVGUARD_REGISTER", "")))
     run = environ.get("KVGUARD_RUN", "").strip() or None
+    metrics = (environ.get("KVGUARD_METRICS", "").strip().lower() or "1") not in _OFF
+    interval = _seconds(environ, "KVGUARD_METRICS_INTERVAL", 5.0)
     return StagingConfig(mode=mode, log=log, stacks=stacks, sample=sample, history=history,
                          log_every=log_every, log_max_bytes=max_mb << 20, register=register,
-                         run=run)
+                         run=run, metrics=metrics, metrics_interval=interval)
 
 
 def _choice(environ, name, choices, default) -> str:
@@ -137,6 +147,19 @@ def _count(environ, name, default, least) -> int:
         value = least - 1
     if value < least:
         raise ValueError(f"{name}={text!r}: expected a whole number >= {least}")
+    return value
+
+
+def _seconds(environ, name, default) -> float:
+    text = environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{name}={text!r}: expected a number of seconds > 0")
     return value
 
 
@@ -393,6 +416,7 @@ class Staging:
     def __init__(self, config: StagingConfig) -> None:
         self.config = config
         self.sink = None
+        self.metrics = None
         self._unsubscribe = None
 
     def start(self) -> None:
@@ -411,13 +435,18 @@ class Staging:
                                       config=self.config.to_dict(), run=self.config.run)
             self._unsubscribe = subscribe(self.sink)
         registry.instrument(**self.config.guard_options())
+        if self.config.metrics:
+            from . import metrics
+            self.metrics = metrics.install(self.config.metrics_interval)
         atexit.register(self.close)
 
     def close(self) -> None:
-        """Write the final stats lines (at exit, or at ``stop()``)."""
+        """Write the final stats lines and metrics (at exit, or at ``stop()``)."""
         if self.sink is not None:
             from .guard import guards
             self.sink.close(guards())
+        if self.metrics is not None:
+            self.metrics.close()
 
     def stop(self) -> None:
         from . import registry
@@ -428,10 +457,13 @@ class Staging:
         registry.uninstrument()
 
     def after_fork_in_child(self) -> None:
-        if self.sink is None:
+        if self.metrics is not None:
+            self.metrics.after_fork_in_child()
+        if self.sink is None and self.metrics is None:
             return
-        from .guard import guards
-        self.sink.after_fork_in_child(guards())
+        if self.sink is not None:
+            from .guard import guards
+            self.sink.after_fork_in_child(guards())
         util = sys.modules.get("multiprocessing.util")
         if util is not None:
             # A multiprocessing child ends in os._exit(): atexit never runs there, but

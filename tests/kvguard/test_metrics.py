@@ -1,0 +1,318 @@
+"""kvguard's figures on prometheus_client's registry, with the real prometheus_client: scraped
+over HTTP and parsed by its own parser, in one process and in multi-process mode, and a scrape
+during concurrent allocator traffic that holds each guard's lock for one copy of its counters."""
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import urllib.request
+
+import pytest
+
+import kvguard
+from kvguard import kinds, metrics, registry, staging
+from kvguard.examples import LINKED_FREE_LIST_SPEC, LinkedFreeList
+from kvguard.guard import Stats
+
+from .staging_env import staged_env, staged_python_fixture  # noqa: F401
+
+prometheus_client = pytest.importorskip("prometheus_client")
+from prometheus_client.multiprocess import MultiProcessCollector  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+
+class MetricsPool(LinkedFreeList):
+    """A class of this module's own, so that other tests' guards never share its labels."""
+
+
+CLS = f"{MetricsPool.__module__}.{MetricsPool.__qualname__}"
+
+
+@pytest.fixture(autouse=True)
+def _staging_off():
+    gc.collect()  # other tests' MetricsPool guards, left in reference cycles, are gone
+    yield
+    staging.stop()
+
+
+def scrape(port) -> dict:
+    """``{(sample name, frozenset(labels)): value}`` of kvguard's samples for MetricsPool."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return parse(text)
+
+
+def parse(text, cls=CLS) -> dict:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name.startswith("kvguard_") and s.labels.get("allocator") == cls:
+                out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def expected(stats: dict, live: int, guards=1, cls=CLS, gauges=True) -> dict:
+    """What the scrape must say, from ``Guard.stats`` (and the live block count); ``gauges``:
+    whether the gauges are there at all (a class no longer guarded in this process has none)."""
+    a = {"allocator": cls}
+    out = {("kvguard_calls_checked_total", frozenset({**a, "method": m}.items())): float(n)
+           for m, n in (("allocate", stats["alloc_calls"]), ("free", stats["free_calls"]))}
+    for kind in kinds.MEANING:
+        out[("kvguard_violations_total", frozenset({**a, "kind": kind}.items()))] = float(
+            stats["violations"].get(kind, 0))
+    out[("kvguard_ids_learned_total", frozenset(a.items()))] = float(stats["learned"])
+    out[("kvguard_ids_seeded_total", frozenset(a.items()))] = 0.0
+    out[("kvguard_internal_errors_total", frozenset(a.items()))] = float(
+        stats["internal_errors"])
+    if gauges:
+        out[("kvguard_blocks_live", frozenset(a.items()))] = float(live)
+        out[("kvguard_guards", frozenset(a.items()))] = float(guards)
+    return out
+
+
+def misuse(pool):
+    ids = pool.allocate(4)
+    pool.free(ids[:2])
+    try:
+        pool.free([ids[2], ids[2]])
+    except ValueError:
+        pass
+    try:
+        pool.free([ids[0]])
+    except ValueError:
+        pass
+
+
+@pytest.fixture(name="server")
+def server_fixture():
+    server, thread = prometheus_client.start_http_server(0, addr="127.0.0.1")
+    yield server.server_port
+    server.shutdown()
+    thread.join(10)
+
+
+def test_staging_puts_the_figures_on_the_default_registry(server):
+    assert staging.start({"KVGUARD": "1"})
+    pool = MetricsPool(32)
+    g = kvguard.guard(pool, LINKED_FREE_LIST_SPEC, on_violation="repair")
+    misuse(pool)
+    pool.allocate(3)
+    stats = g.stats.to_dict()
+    assert stats["violations"] == {"duplicate-id": 1, "double-free": 1}
+    assert scrape(server) == expected(stats, live=len(g.live))
+
+    staging.stop()  # taken off the registry again
+    assert scrape(server) == {}
+
+
+def test_kvguard_metrics_0_keeps_them_off(server):
+    assert staging.start({"KVGUARD": "1", "KVGUARD_METRICS": "0"})
+    kvguard.guard(MetricsPool(8), LINKED_FREE_LIST_SPEC, on_violation="repair").allocator.allocate(1)
+    assert scrape(server) == {}
+
+
+def test_counters_survive_their_guard_and_gauges_follow_the_guards():
+    collector = metrics.Collector()
+    pool = MetricsPool(16)
+    g = kvguard.guard(pool, LINKED_FREE_LIST_SPEC, on_violation="repair")
+    misuse(pool)
+    registry_ = prometheus_client.CollectorRegistry()
+    registry_.register(collector)
+    stats = g.stats.to_dict()
+    live = len(g.live)
+    before = parse(prometheus_client.generate_latest(registry_).decode())
+    assert before == expected(stats, live)
+    g.unguard()  # still counted, no longer guarded
+    assert parse(prometheus_client.generate_latest(registry_).decode()) == expected(
+        stats, live, gauges=False)
+    del g, pool
+    gc.collect()  # collected: its counts are kept, never a counter going down
+    after = parse(prometheus_client.generate_latest(registry_).decode())
+    assert after == expected(stats, live, gauges=False)
+
+
+def test_a_bad_interval_is_a_bad_setting():
+    with pytest.raises(ValueError, match="KVGUARD_METRICS_INTERVAL='soon'"):
+        staging.config_from_env({"KVGUARD": "1", "KVGUARD_METRICS_INTERVAL": "soon"})
+    config = staging.config_from_env({"KVGUARD": "1", "KVGUARD_METRICS": "off",
+                                      "KVGUARD_METRICS_INTERVAL": "0.5"})
+    assert (config.metrics, config.metrics_interval) == (False, 0.5)
+
+
+# --- a scrape never holds up the allocator --------------------------------------------------
+
+class WatchedLock:
+    """The guard's lock as a reader finds it (``guard._lock``), recording which functions run
+    on the reader's thread while it is held. The wrappers keep the real lock they were built
+    with, so the allocator threads and the reader still exclude each other through it."""
+
+    def __init__(self, real):
+        self.real = real
+        self.holder = None
+        self.ran = []
+
+    def __enter__(self):
+        self.real.acquire()
+        self.holder = threading.get_ident()
+        return self
+
+    def __exit__(self, *exc):
+        self.holder = None
+        self.real.release()
+
+    def profile(self, frame, event, arg):
+        if self.holder == threading.get_ident() and event in ("call", "c_call"):
+            self.ran.append(frame.f_code.co_name if event == "call" else arg.__name__)
+
+
+def test_a_scrape_during_traffic_holds_each_guard_for_one_copy_of_its_counters():
+    pool = MetricsPool(4096)
+    g = kvguard.guard(pool, LINKED_FREE_LIST_SPEC, on_violation="repair")
+    watched = WatchedLock(g._lock)
+    g._lock = watched
+    stop = threading.Event()
+    errors = []
+
+    def traffic(seed):
+        held = []
+        try:
+            while not stop.is_set():
+                held.append(pool.allocate(1 + seed % 3))
+                if len(held) > 8:
+                    pool.free(held.pop(0))
+            for ids in held:
+                pool.free(ids)
+        except Exception as exc:  # pragma: no cover - would fail the test below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=traffic, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    collector = metrics.Collector()
+    registry_ = prometheus_client.CollectorRegistry()
+    registry_.register(collector)
+    calls = []
+    sys.setprofile(watched.profile)
+    try:
+        for _ in range(30):
+            scraped = parse(prometheus_client.generate_latest(registry_).decode())
+            calls.append(sum(v for (name, _l), v in scraped.items()
+                             if name == "kvguard_calls_checked_total"))
+    finally:
+        sys.setprofile(None)
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert not errors
+    assert calls == sorted(calls) and calls[-1] > calls[0] > 0, "scraped while it ran"
+    # While the reader held the lock it ran Stats.to_dict (its comprehension, and the dict
+    # copy of the violations) and the lock's own release: no scan, no formatting.
+    assert "to_dict" in watched.ran
+    assert set(watched.ran) <= {"to_dict", "<dictcomp>", "getattr", "__exit__", "release"}, (
+        set(watched.ran))
+    assert Stats.to_dict.__code__.co_name == "to_dict"
+    stats = g.stats.to_dict()
+    assert parse(prometheus_client.generate_latest(registry_).decode()) == expected(stats, 0)
+    assert stats["violations"] == {} and stats["internal_errors"] == 0
+    g.check()
+
+
+# --- across processes -------------------------------------------------------------------------
+
+PROGRAM = textwrap.dedent('''
+    import json, sys
+    import kvguard
+    from kvguard.examples import LINKED_FREE_LIST_SPEC, LinkedFreeList
+    early = "prometheus_client" in sys.modules
+
+    class MetricsPool(LinkedFreeList):
+        pass
+
+    pool = MetricsPool(64)
+    g = kvguard.guard(pool, LINKED_FREE_LIST_SPEC, on_violation="repair")
+    ids = pool.allocate(int(sys.argv[1]))
+    pool.free(ids[:1])
+    try:
+        pool.free(ids[:1])
+    except ValueError:
+        pass
+    import prometheus_client  # the engine imports it after staging started
+    from kvguard import staging
+    m = staging.active().metrics
+    print(json.dumps({"early": early, "stats": g.stats.to_dict(), "live": len(g.live),
+                      "collector": m.collector is not None, "writer": m.writer is not None}),
+          flush=True)
+    if sys.argv[2] == "serve":
+        from prometheus_client import generate_latest
+        print(generate_latest().decode(), flush=True)
+    elif sys.argv[2] == "wait":
+        sys.stdin.readline()
+''')
+MAIN = "__main__.MetricsPool"
+
+
+def program(python, tmp_path, env, *args, **popen):
+    script = tmp_path / "serve.py"
+    script.write_text(PROGRAM)
+    return subprocess.Popen([python, str(script), *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **popen)
+
+
+def finished(process) -> tuple:
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    head, _, rest = out.partition("\n")
+    return json.loads(head), rest
+
+
+def test_the_collector_is_attached_when_the_engine_imports_prometheus_client(tmp_path,
+                                                                            staged_python):
+    env = staged_env(KVGUARD=1)
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    info, text = finished(program(staged_python, tmp_path, env, "5", "serve"))
+    assert info["early"] is False, "staging must not import prometheus_client itself"
+    assert info["collector"] and not info["writer"]
+    assert parse(text, MAIN) == expected(info["stats"], info["live"], cls=MAIN)
+
+
+def test_multiprocess_mode_sums_every_process(tmp_path, staged_python):
+    directory = tmp_path / "prom"
+    directory.mkdir()
+    env = staged_env(KVGUARD=1, PROMETHEUS_MULTIPROC_DIR=directory,
+                     KVGUARD_METRICS_INTERVAL="0.05")
+    registry_ = prometheus_client.CollectorRegistry()
+    MultiProcessCollector(registry_, path=str(directory))
+
+    def summed():
+        return parse(prometheus_client.generate_latest(registry_).decode(), MAIN)
+
+    def want(infos, running):
+        total = {"alloc_calls": 0, "free_calls": 0, "learned": 0, "internal_errors": 0,
+                 "violations": {}}
+        for info in infos:
+            for k in ("alloc_calls", "free_calls", "learned", "internal_errors"):
+                total[k] += info["stats"][k]
+            for kind, n in info["stats"]["violations"].items():
+                total["violations"][kind] = total["violations"].get(kind, 0) + n
+        return expected(total, sum(i["live"] for i in running), guards=len(running), cls=MAIN)
+
+    # One process stays up: its figures reach the files while it runs, not only at exit.
+    waiting = program(staged_python, tmp_path, env, "7", "wait", stdin=subprocess.PIPE)
+    try:
+        first = json.loads(waiting.stdout.readline())
+        assert first["writer"] and not first["collector"], "files, not a collector"
+        others = [finished(program(staged_python, tmp_path, env, str(n), "exit"))[0]
+                  for n in (3, 4)]
+        for _ in range(200):  # the writer's next tick
+            if summed() == want([first, *others], [first]):
+                break
+            threading.Event().wait(0.05)
+        assert summed() == want([first, *others], [first]), "the exited ones' gauges are zero"
+    finally:
+        _out, err = waiting.communicate(timeout=120)  # its stdin closed: it exits
+    assert waiting.returncode == 0, err
+    assert summed() == want([first, *others], [])

@@ -4,7 +4,6 @@ during concurrent allocator traffic that holds each guard's lock for one copy of
 
 import gc
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -14,7 +13,7 @@ import urllib.request
 import pytest
 
 import kvguard
-from kvguard import kinds, metrics, registry, staging
+from kvguard import kinds, metrics, staging
 from kvguard.examples import LINKED_FREE_LIST_SPEC, LinkedFreeList
 from kvguard.guard import Stats
 
@@ -111,7 +110,9 @@ def test_staging_puts_the_figures_on_the_default_registry(server):
 
 def test_kvguard_metrics_0_keeps_them_off(server):
     assert staging.start({"KVGUARD": "1", "KVGUARD_METRICS": "0"})
-    kvguard.guard(MetricsPool(8), LINKED_FREE_LIST_SPEC, on_violation="repair").allocator.allocate(1)
+    pool = MetricsPool(8)
+    kvguard.guard(pool, LINKED_FREE_LIST_SPEC, on_violation="repair")
+    pool.allocate(1)
     assert scrape(server) == {}
 
 
@@ -269,8 +270,8 @@ def finished(process) -> tuple:
     return json.loads(head), rest
 
 
-def test_the_collector_is_attached_when_the_engine_imports_prometheus_client(tmp_path,
-                                                                            staged_python):
+def test_the_collector_is_attached_when_the_engine_imports_prometheus_client(
+        tmp_path, staged_python):
     env = staged_env(KVGUARD=1)
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     info, text = finished(program(staged_python, tmp_path, env, "5", "serve"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 COMMANDS = {
@@ -48,6 +49,22 @@ def _usage() -> str:
 
 
 def main(argv=None) -> int:
+    """Run one command; a reader that goes away (``kvguard --help | head``) ends it quietly."""
+    try:
+        try:
+            return _dispatch(argv)
+        finally:
+            sys.stdout.flush()  # a closed pipe fails here, inside the handler, not at exit
+    except BrokenPipeError:
+        # Python's documented recipe: point stdout at devnull so that the interpreter's own
+        # flush at exit does not raise a second time, and exit like a command killed by SIGPIPE
+        # would be judged by a shell pipeline (the status of the last command wins).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+def _dispatch(argv) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_usage())
@@ -70,5 +87,3 @@ def main(argv=None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:
-        return 1

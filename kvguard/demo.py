@@ -80,7 +80,20 @@ def run(out: io.TextIOBase, *, full_reports: bool = True) -> int:
     stopped = sum(len(x.violations) for x in (g, guard_of(pool)))
     say()
     say(f"kvguard stopped {stopped} misuses; every allocator is still consistent.")
+    say()
+    for line in NEXT_STEPS:
+        say(line)
     return stopped
+
+
+NEXT_STEPS = (
+    "What to try next:",
+    "  pytest -p kvguard                 your test suite, every registered allocator guarded",
+    "  kvguard lint src/                 your code: tensors, bools, duplicates passed to free()",
+    "  kvguard run -- python serve.py    a service, no code change: misuses logged as JSON lines",
+    "  kvguard.guard(your_allocator)     your own allocator: docs/reference.md has every keyword",
+)
+"""What to try after the demo: one line per face, each a command to paste."""
 
 
 def _indent(text: str) -> str:

@@ -951,7 +951,9 @@ class Guard:
         with self._lock:
             if self.spec.free_count is None:
                 raise ValueError(f"cannot check {self.name}: its AllocatorSpec has no "
-                                 "free_count to compare with")
+                                 "free_count to compare with; guard it with AllocatorSpec("
+                                 "free_count=...), the attribute, method or callable giving "
+                                 "the allocator's own count of free blocks")
             now = self._free_count(self.allocator)
             figures = {}
             if isinstance(now, dict):

@@ -1,4 +1,4 @@
-"""The violation kinds of SPEC.md, each with the one-line meaning reports print.
+"""The violation kinds, each with the one-line meaning reports print (docs/reference.md).
 
 The first seven are bad input to ``free()``: their exceptions are also ``ValueError`` so callers
 that expect ``ValueError`` from a correct allocator keep working.

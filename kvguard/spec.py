@@ -10,7 +10,7 @@ AttrOrCallable = Union[str, Callable[[Any], Any], None]
 
 @dataclass(frozen=True)
 class AllocatorSpec:
-    """The keywords of SPEC.md, plus two this project adds.
+    """How to read an allocator; every keyword with an example is in docs/reference.md.
 
     ``iterator_ok``: ``free()`` iterates its argument once (it copies it first), so a generator is
     legal there; the guard drains it into a list and forwards that list.

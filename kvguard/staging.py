@@ -613,13 +613,23 @@ def run_command(argv) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     try:
-        _run_summary(env["KVGUARD_LOG"], started, run)
+        _run_summary(env["KVGUARD_LOG"], started, run, code)
     except Exception as exc:  # the summary is a courtesy: the command's status is what counts
         print(f"kvguard: no summary of this run: {exc!r}", file=sys.stderr)
     return code if code >= 0 else 128 - code
 
 
-def _run_summary(template: str, since: float, run: str) -> None:
+def _exit_text(code: int) -> str:
+    if code < 0:
+        import signal
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def _run_summary(template: str, since: float, run: str, code: int = 0) -> None:
     """One line on stderr after the command: what the processes it ran reported (only those:
     the directory may hold earlier runs' files, or one file shared by every run)."""
     from .merge import collect_files, load, of_run, summarize
@@ -634,8 +644,14 @@ def _run_summary(template: str, since: float, run: str) -> None:
         files = [template] if os.path.isfile(template) else []
     records = of_run(load(files), run) if files else None
     if records is None or not records.starts:
-        print(f"kvguard: nothing reported under {where}: no registered allocator was used, "
-              "or the command's Python does not have kvguard installed", file=sys.stderr)
+        if code:
+            # The command failed before any guarded allocator wrote a line: its own error
+            # (above, on its stderr) is the news, not kvguard's silence.
+            print(f"kvguard: the command {_exit_text(code)} and reported nothing under {where}: "
+                  "see its own error output above", file=sys.stderr)
+        else:
+            print(f"kvguard: nothing reported under {where}: no registered allocator was used, "
+                  "or the command's Python does not have kvguard installed", file=sys.stderr)
         return
     summary = summarize(records)
     n = summary["violations"]

@@ -49,3 +49,30 @@ def test_help_and_version():
     out = run("-m", "kvguard", "--help")
     assert out.returncode == 0 and "demo" in out.stdout and "lint" in out.stdout
     assert run("-m", "kvguard", "--version").stdout.startswith("kvguard ")
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["demo"], ["run", "--help"]])
+def test_output_into_a_closed_pipe_ends_quietly(argv):
+    # `kvguard --help | head -1`: the reader is gone before the command writes. Its read end is
+    # closed before the command starts, so the write fails every time, not by a race.
+    import os
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        out = subprocess.run([sys.executable, "-m", "kvguard", *argv], stdout=write,
+                             stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert "Traceback" not in out.stderr and "BrokenPipeError" not in out.stderr, out.stderr
+    assert out.stderr == ""
+    assert out.returncode in (0, 1)
+
+
+def test_the_demo_ends_with_what_to_try_next():
+    out = run("-m", "kvguard", "demo", "--short")
+    tail = out.stdout.strip().splitlines()[-5:]
+    assert tail[0] == "What to try next:"
+    commands = [line.split("  ")[1].strip() for line in tail[1:]]
+    assert commands[:3] == ["pytest -p kvguard", "kvguard lint src/",
+                            "kvguard run -- python serve.py"]
+    assert "docs/reference.md" in tail[-1]

@@ -216,3 +216,21 @@ def test_run_passes_sigterm_on_to_the_command(tmp_path, staged_python):
     finally:
         proc.kill()
     assert proc.returncode == 5 and out.strip() == "got SIGTERM", err
+
+
+def test_run_blames_the_command_when_it_failed_before_reporting(tmp_path, staged_python):
+    # A serve.py that dies at start-up (DeepSpeed's pin_memory=True on a CPU-only torch) wrote
+    # nothing: the line says the command failed, not that no allocator was registered.
+    crash = "raise RuntimeError('Cannot access accelerator device when none is available.')"
+    out = cli("run", "--log", str(tmp_path / "logs"), "--", staged_python, "-c", crash,
+              cwd=tmp_path, env=staged_env())
+    assert out.returncode == 1
+    last = out.stderr.strip().splitlines()[-1]
+    assert last == (f"kvguard: the command exited with status 1 and reported nothing under "
+                    f"{tmp_path / 'logs'}: see its own error output above")
+    assert "no registered allocator" not in out.stderr
+    killed = cli("run", "--log", str(tmp_path / "logs"), "--", staged_python, "-c",
+                 "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
+                 cwd=tmp_path, env=staged_env())
+    assert killed.returncode == 137
+    assert "the command was killed by SIGKILL and reported nothing" in killed.stderr

@@ -177,7 +177,7 @@ def test_markers_are_known_and_every_page_is_found():
     assert {p.name for p in pages()} >= {"README.md", "reference.md", "staging.md"}
     for page in pages():
         source = page.read_text(encoding="utf-8")
-        for m in re.finditer(r"<!--\s*snippet:(.*?)-->", source):
+        for m in re.finditer(r"^<!--\s*snippet:(.*?)-->[ \t]*$", source, re.M):
             parse_marks(m.group(1))  # an unknown word raises
             after = source[m.end():].lstrip(" \t")
             assert after.startswith("\n```"), (

@@ -15,7 +15,8 @@ layer, scales; any device) to a guard the way AddressSanitizer ties shadow memor
 A refcounted pool (vLLM's prefix cache) keeps a freed block's contents for a later cache hit to
 revive, so nothing is written into a block while it may be revived: its checksum is taken when
 its last reference drops, compared when the pool hands it out again (the moment the pool evicts
-it), and only then is it poisoned. ``poison=False`` uses checksums for every pool and never
+it) or when a share revives it (a prefix-cache hit hands its contents to a new request), and
+only at eviction is it poisoned. ``poison=False`` uses checksums for every pool and never
 writes into the cache. See docs/cache.md.
 """
 
@@ -117,8 +118,8 @@ class CacheStats:
 class CacheGuard:
     """The watcher ``guard_cache`` attaches to a guard: one per guard, holding all its tensors.
 
-    ``on_free``/``on_alloc`` are called by the guard under its lock (kvguard.guard's watcher
-    protocol). ``verify()`` checks the free blocks now, without waiting for a hand-out.
+    ``on_free``/``on_alloc``/``on_share`` are called by the guard under its lock (kvguard.guard's
+    watcher protocol). ``verify()`` checks the free blocks now, without waiting for a hand-out.
     """
 
     def __init__(self, guard: Guard) -> None:
@@ -177,6 +178,21 @@ class CacheGuard:
         if not changed:
             return ()
         return [self._finding(state, changed)]
+
+    def on_share(self, guard, pool, ids):
+        """A share revived free blocks (a prefix-cache hit on a block still cached): a new owner
+        reads their contents as they are, so they are verified now, and nothing is poisoned."""
+        state = self._pools.get(pool)
+        if state is None or not ids:
+            return ()
+        marks, extent = state.marks, state.extent
+        todo = sorted({b for b in ids if b < extent and marks[b]})
+        if not todo:
+            return ()
+        changed = self._verify(state, todo)
+        for b in todo:
+            marks[b] = 0
+        return [self._finding(state, changed)] if changed else ()
 
     def detach(self) -> None:
         """Called by ``Guard.unguard()``: forget the tensors (the cache memory is the engine's)."""

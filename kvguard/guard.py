@@ -694,7 +694,11 @@ class Guard:
         stats = self.stats
         if plan.held is not None:
             _follow_engine_refcounts(ledger, plan)
+        revived = ()
         if plan.method == self.spec.share:
+            if self._watchers:  # free blocks a share takes back (a prefix-cache hit)
+                stamp = ledger.stamp
+                revived = [b for b in ids if stamp[b] < 0]
             ledger.share(ids, clock, site)
             stats.share_calls += 1
             stats.blocks_shared += len(ids)
@@ -715,6 +719,8 @@ class Guard:
             received = plan.norm.ids if plan.faulty and self.mode == "log" else ids
             self.history.append((clock if op == "share" else -clock, received, site, plan.pool,
                                  op))
+        if revived:
+            self._raise_found(self._watched("on_share", plan.method, plan.pool, ledger, revived))
 
     def _share_slow(self, original, args, kwargs):
         value = self._share_param.get(args, kwargs)
@@ -782,11 +788,23 @@ class Guard:
         self.stats.blocks_allocated += len(fresh)
         if self.history is not None:
             self.history.append((clock, ids, site, pool))
+        violations += self._watched("on_alloc", method, pool, ledger, fresh)
+        self._raise_found(violations)
+
+    def _watched(self, hook, method, pool, ledger, ids) -> list:
+        """What the watchers' ``hook`` (``on_alloc``, ``on_share``) finds in blocks handed out
+        by ``method``. ``on_share`` is optional in the watcher protocol."""
+        found = []
         for watcher in self._watchers:
-            for kind, block_ids, message, extra in watcher.on_alloc(self, pool, fresh) or ():
+            check = getattr(watcher, hook, None)
+            for kind, block_ids, message, extra in (check(self, pool, ids) or ()) if check else ():
                 v = self._violation(kind, block_ids, message, method, pool, ledger, block_ids)
                 v.extra.update(extra)
-                violations.append(v)
+                found.append(v)
+        return found
+
+    def _raise_found(self, violations) -> None:
+        """Record violations found on the way out of a call; raise mode raises the first."""
         for v in violations:
             self._record(v)
         if violations and self.mode == "raise":
@@ -817,8 +835,9 @@ class Guard:
 
     def add_watcher(self, watcher) -> None:
         """Attach a watcher (``on_free(guard, pool, ids)``, ``on_alloc(guard, pool, ids)`` ->
-        iterable of ``(kind, ids, message, extra)``): kvguard.cache poisons and verifies blocks
-        through this."""
+        iterable of ``(kind, ids, message, extra)``, and optionally ``on_share(guard, pool,
+        ids)``, the same for free blocks a share revives): kvguard.cache poisons and verifies
+        blocks through this."""
         with self._lock:
             self._watchers.append(watcher)
             self._update_paths()

@@ -289,3 +289,36 @@ def test_ledger_refcounts_follow_ref_cnt(vllm, ops):
     for block in refs:  # every request finishes
         pool.free_blocks([block])
     assert g.violations == [] and g.live == {} and g.check() == {None: (0, 0)}
+
+
+def test_guard_cache_verifies_a_block_revived_by_touch(vllm):
+    """A prefix-cache hit (``touch``) on a freed block still in the free queue hands its cached
+    contents to a new request: they are checked against the checksum taken when the block's
+    last reference dropped, so a stale writer that scribbled on it while it sat free is caught
+    at the revival (after the call, which has taken the reference), not missed."""
+    import torch
+
+    pool = pool_of(vllm, caching=True)
+    g = kvguard.guard(pool)
+    kv = [torch.randn(2, 8, 4, 2, 8) for _ in range(2)]  # [2, num_blocks, block_size, heads, dim]
+    cg = kvguard.guard_cache(kv, g, block_dim=1, name="L")
+    with kvguard.owner("req-1"):
+        a = pool.get_new_blocks(3)
+    ids = [b.block_id for b in a]
+    for layer in kv:
+        layer[:, ids] = 0.5
+    pool.free_blocks(a)
+    assert cg.pending() == sorted(ids)
+    pool.touch(a[:1])  # a clean revival
+    assert g.violations == [] and cg.pending() == sorted(ids[1:])
+    kv[1][0, ids[1], 0, 0, 0] = 9.0  # req-1's stale slot mapping writes into a cached block
+    with pytest.raises(kvguard.WriteAfterFreeError) as info:
+        pool.touch(a[1:])
+    v = info.value.violation
+    assert v.block_ids == (ids[1],) and v.method == "touch" and "L[1]" in v.message
+    assert "'req-1'" in v.message and v.extra["check"] == "checksum"
+    assert [b.ref_cnt for b in a] == [1, 1, 1] and cg.pending() == []
+    assert sorted(g.live) == sorted(ids) and g.check() == {None: (-3, -3)}
+    pool.free_blocks(a)  # freed again: fresh checksums, so the old write is reported once
+    pool.touch(a)
+    assert len(g.violations) == 1 and cg.stats.violations == 1

@@ -358,6 +358,25 @@ def test_refcounted_write_while_cached_is_caught_at_eviction():
     assert "'req-9'" in v.message, "the last owner is the likely stale writer"
 
 
+@pytest.mark.parametrize("mode", ["log", "repair"])
+def test_refcounted_write_while_cached_is_caught_at_revival_without_raising(mode):
+    """A share that revives a scribbled cached block is recorded in log and repair mode; the
+    share itself goes through and the contents are left as they are (a cache hit reads them)."""
+    p = RefcountedPool(6)
+    g = kvguard.guard(p, REFCOUNTED_POOL_SPEC, on_violation=mode)
+    kv = random_cache((6, 4, 8), torch.float32)
+    cg = kvguard.guard_cache(kv, g)
+    ids = p.allocate(2)
+    kv[ids] = 0.5  # the sequence's KV
+    p.free(ids)
+    kv[ids[0], 0, 0] = 7.0
+    p.share(ids)
+    (v,) = g.violations
+    assert v.kind == "write-after-free" and v.block_ids == (ids[0],) and v.method == "share"
+    assert g.live[ids[0]].refcount == 1 and cg.pending() == []
+    assert float(kv[ids[0], 0, 0]) == 7.0 and bool((kv[ids[1]] == 0.5).all())
+
+
 def test_quarantine_refused_for_refcounted_pools():
     p = RefcountedPool(4)
     g = kvguard.guard(p, REFCOUNTED_POOL_SPEC)

@@ -39,6 +39,7 @@ _MISSING = object()
 _ATTR = "__kvguard__"
 _GUARDS: "weakref.WeakSet[Guard]" = weakref.WeakSet()
 _subscribers: list = []
+_attach_listeners: list = []
 _serials: Counter = Counter()
 _capture = SITES.capture
 
@@ -54,6 +55,17 @@ def subscribe(callback):
     def unsubscribe() -> None:
         if callback in _subscribers:
             _subscribers.remove(callback)
+    return unsubscribe
+
+
+def on_attach(callback):
+    """Call ``callback(guard)`` for every guard attached from now on; returns an unsubscribe
+    function. Staging listens here to write a guard's stats line when it is collected."""
+    _attach_listeners.append(callback)
+
+    def unsubscribe() -> None:
+        if callback in _attach_listeners:
+            _attach_listeners.remove(callback)
     return unsubscribe
 
 
@@ -255,6 +267,11 @@ class Guard:
             except BaseException:
                 self.unguard()
                 raise
+        for callback in list(_attach_listeners):
+            try:
+                callback(self)
+            except Exception as exc:  # a listener's bug must not stop the guarding
+                self._internal_error(exc)
 
     def _seed(self, allocator) -> None:
         """Start from the allocator's present state: its free count, and live ids if known."""

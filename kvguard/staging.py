@@ -18,6 +18,7 @@ on stderr: staging never stops a service from starting.
 from __future__ import annotations
 
 import atexit
+import collections
 import json
 import logging
 import os
@@ -293,10 +294,12 @@ class JsonLinesSink:
         self.every = max(1, every)
         self.max_bytes = max_bytes
         self.config = config or {}
+        self._tracked = weakref.WeakKeyDictionary()
         self._reset()
 
     def _reset(self) -> None:
         self._lock = threading.Lock()
+        self._collected: collections.deque = collections.deque()
         self._fd = None
         self._pid = os.getpid()
         self.path = None
@@ -325,8 +328,43 @@ class JsonLinesSink:
                           "pid": os.getpid(), "host": socket.gethostname(), "occurrence": n,
                           "guard": guard_info(guard), "violation": violation.to_dict()}
                 self._write(record)
+                self._write_collected()
         except Exception as exc:  # never into the guarded call
             self._fail(exc)
+
+    # -- guards collected before exit --
+
+    def track(self, guard) -> None:
+        """Write ``guard``'s stats line when it is collected, not only at exit: the guard of a
+        short-lived allocator would otherwise take what it checked with it. Each guard gets
+        one line: from here, or from ``close()`` if it is alive then."""
+        if guard in self._tracked:
+            return
+        remains = _Remains(guard)
+        finalizer = weakref.finalize(guard, self._on_collected, remains)
+        finalizer.atexit = False  # alive at exit: close() writes it
+        self._tracked[guard] = (remains, finalizer)
+
+    def _on_collected(self, remains) -> None:
+        """The finalizer: it may run inside this sink's own call (garbage collection strikes
+        anywhere), so it writes only if the lock is free and otherwise leaves the line to the
+        lock's holder (the next violation or ``close()`` at the latest)."""
+        try:
+            if self.closed or self._pid != os.getpid():
+                return
+            self._collected.append(remains)
+            if self._lock.acquire(blocking=False):
+                try:
+                    self._write_collected()
+                finally:
+                    self._lock.release()
+        except Exception as exc:
+            self._fail(exc)
+
+    def _write_collected(self) -> None:
+        while self._collected and not self.closed:
+            remains = self._collected.popleft()
+            self._write_stats(remains, remains.baseline)
 
     # -- lifecycle --
 
@@ -341,6 +379,9 @@ class JsonLinesSink:
                 pass
         for guard in guards:
             self._baseline[guard] = guard.stats.to_dict()
+            tracked = self._tracked.get(guard)
+            if tracked is not None:
+                tracked[0].baseline = self._baseline[guard]
 
     def close(self, guards=()) -> None:
         """Write one ``stats`` line per guard (what it checked, learned and found since this
@@ -349,21 +390,29 @@ class JsonLinesSink:
             with self._lock:
                 if self.closed or self._pid != os.getpid():
                     return
+                self._write_collected()
                 self.closed = True
+                for _, finalizer in list(self._tracked.values()):
+                    finalizer.detach()
                 for guard in guards:
-                    stats = _minus(guard.stats.to_dict(), self._baseline.get(guard))
-                    if not any(v for k, v in stats.items() if k != "violations") and \
-                            not stats["violations"]:
-                        continue
-                    self._write({"kvguard": FORMAT_VERSION, "event": "stats",
-                                 "time": time.time(), "pid": os.getpid(),
-                                 "host": socket.gethostname(), "guard": guard_info(guard),
-                                 "stats": stats, "dropped": self.dropped}, force=True)
+                    self._write_stats(guard, self._baseline.get(guard))
                 if self._fd is not None:
                     os.close(self._fd)
                     self._fd = None
         except Exception as exc:
             self._fail(exc)
+
+    def _write_stats(self, guard, baseline) -> None:
+        """One guard's ``stats`` line (``guard``: a Guard, or the _Remains of a collected one);
+        none for a guard that did nothing."""
+        stats = _minus(guard.stats.to_dict(), baseline)
+        if not any(v for k, v in stats.items() if k != "violations") and \
+                not stats["violations"]:
+            return
+        self._write({"kvguard": FORMAT_VERSION, "event": "stats", "time": time.time(),
+                     "pid": os.getpid(), "host": socket.gethostname(),
+                     "guard": guard_info(guard), "stats": stats, "dropped": self.dropped},
+                    force=True)
 
     def _write(self, record: dict, force: bool = False) -> None:
         if self.failed:
@@ -398,6 +447,24 @@ class JsonLinesSink:
                          "without its JSON lines): %r", self.path or self.template, exc)
 
 
+class _Remains:
+    """What a guard's stats line needs, kept past the guard's collection: the same attributes
+    ``guard_info`` reads, the live counters and ledgers (not the guard, which would never be
+    collected then), and the counters at the last fork."""
+
+    def __init__(self, guard) -> None:
+        self.name = guard.name
+        self.allocator_class = guard.allocator_class
+        self.address = guard.address
+        self.mode = guard.mode
+        self.stacks = guard.stacks
+        self.sample = getattr(guard, "sample", 1)
+        self._learn = guard._learn
+        self._ledgers = guard._ledgers
+        self.stats = guard.stats
+        self.baseline = None
+
+
 def _minus(now: dict, before: dict | None) -> dict:
     if not before:
         return now
@@ -418,10 +485,11 @@ class Staging:
         self.sink = None
         self.metrics = None
         self._unsubscribe = None
+        self._untrack = None
 
     def start(self) -> None:
         from . import registry
-        from .guard import subscribe
+        from .guard import guards, on_attach, subscribe
         for name, spec in self.config.register:
             if spec is None:
                 spec = registry.registered().get(name)
@@ -434,6 +502,9 @@ class Staging:
                                       max_bytes=self.config.log_max_bytes,
                                       config=self.config.to_dict(), run=self.config.run)
             self._unsubscribe = subscribe(self.sink)
+            self._untrack = on_attach(self.sink.track)
+            for guard in guards():
+                self.sink.track(guard)
         registry.instrument(**self.config.guard_options())
         if self.config.metrics:
             from . import metrics
@@ -454,6 +525,8 @@ class Staging:
         self.close()
         if self._unsubscribe is not None:
             self._unsubscribe()
+        if self._untrack is not None:
+            self._untrack()
         registry.uninstrument()
 
     def after_fork_in_child(self) -> None:

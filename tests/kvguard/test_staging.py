@@ -1,6 +1,7 @@
 """Staging in one process: settings from the environment, KVGUARD_REGISTER, the JSON-lines sink
 (rate limit, size cap, I/O failure, stats), start()/stop(), sampled stacks and the .pth line."""
 
+import gc
 import importlib
 import json
 import logging
@@ -129,6 +130,48 @@ def test_start_guards_registered_allocators_in_log_mode(tmp_path, caplog):
     assert violation["guard"]["class"] == EXAMPLE and violation["occurrence"] == 1
     assert stats["stats"]["alloc_calls"] == 1 and stats["stats"]["violations"] == {
         "duplicate-id": 1}
+
+
+def test_a_guard_collected_before_exit_writes_its_stats_line_once(tmp_path):
+    """A short-lived allocator's guard writes its stats line when it is collected (a weakref
+    finalizer), not at exit when it is gone; ``stop()`` writes the living guards' lines and
+    none again for the collected one."""
+    env = {"KVGUARD": "1", "KVGUARD_LOG": str(tmp_path / "kvg-{pid}.jsonl"),
+           "KVGUARD_REGISTER": f"{EXAMPLE}(size=_num_blocks)"}
+    gc.collect()  # other tests' guards, gone before this one starts
+    early = LinkedFreeList(4)
+    early_guard = kvguard.guard(early, LINKED_FREE_LIST_SPEC, on_violation="log")
+    assert staging.start(env)
+    early.free(early.allocate(1))  # guarded before staging started: tracked too
+    a = LinkedFreeList(8)
+    name = kvguard.guard_of(a).name
+    ids = a.allocate(3)
+    a.free(ids[1:])
+    a.free([ids[0], ids[0]])  # log mode: recorded, forwarded
+    kept = LinkedFreeList(8)
+    kept.free(kept.allocate(2))
+    path = tmp_path / f"kvg-{os.getpid()}.jsonl"
+
+    kept_name = kvguard.guard_of(kept).name
+    ours = {name, early_guard.name, kept_name}
+
+    def stats_lines():
+        return {r["guard"]["name"]: r["stats"] for r in lines(path)
+                if r["event"] == "stats" and r["guard"]["name"] in ours}
+
+    assert stats_lines() == {}
+    del a
+    gc.collect()
+    assert list(stats_lines()) == [name]
+    assert stats_lines()[name]["free_calls"] == 2 and stats_lines()[name]["violations"] == {
+        "duplicate-id": 1}
+    staging.stop()
+    names = [r["guard"]["name"] for r in lines(path) if r["event"] == "stats"]
+    assert sorted(n for n in names if n in ours) == sorted(ours)  # each once
+    written = len(lines(path))
+    del early, kept
+    gc.collect()
+    assert len(lines(path)) == written  # stopped: nothing more
 
 
 def test_start_is_once_and_a_bad_setting_leaves_the_process_unguarded(caplog):

@@ -157,6 +157,38 @@ def test_a_registered_allocator_is_guarded_with_no_code_change(tmp_path, staged_
     assert violation["guard"]["mode"] == mode
 
 
+SHORT_LIVED = textwrap.dedent('''
+    import gc
+
+    from kvguard.examples import LinkedFreeList
+
+    kept = LinkedFreeList(8)
+    kept.free(kept.allocate(1))
+    for request in range(3):  # a pool per request, gone before exit
+        pool = LinkedFreeList(8)
+        pool.free(pool.allocate(request + 1))
+        del pool
+        gc.collect()
+    print("done")
+''')
+
+
+def test_guards_collected_before_exit_leave_one_stats_line_each(tmp_path, staged_python):
+    (tmp_path / "serve.py").write_text(SHORT_LIVED)
+    env = staged_env(KVGUARD=1, KVGUARD_REGISTER=EXAMPLE_SPEC, KVGUARD_LOG=str(tmp_path))
+    out = run(staged_python, ["serve.py"], env, tmp_path)
+    assert out.returncode == 0 and "done" in out.stdout, out.stderr
+    (name,) = [f for f in os.listdir(tmp_path) if f.endswith(".jsonl")]
+    records = [json.loads(line) for line in (tmp_path / name).read_text().splitlines()]
+    stats = [r for r in records if r["event"] == "stats"]
+    names = sorted(r["guard"]["name"] for r in stats)
+    assert names == [f"LinkedFreeList#{n}" for n in range(1, 5)]
+    assert sorted(r["stats"]["blocks_freed"] for r in stats) == [1, 1, 2, 3]
+    summary = json.loads(kvguard_cli("report", str(tmp_path), "--format", "json",
+                                     cwd=tmp_path).stdout)
+    assert summary["exact"] and summary["violations"] == 0
+
+
 def test_without_kvguard_nothing_is_imported(tmp_path, staged_python):
     code = "import sys; print('kvguard' in sys.modules)"
     out = run(staged_python, ["-c", code], staged_env(), tmp_path)

@@ -1,0 +1,615 @@
+"""The allocator contract as named clauses, and a judge that runs one call sequence against it.
+
+The guard stops a caller's misuse at the call. This module asks the other question: does the
+allocator itself keep the contract? It drives an *unguarded* allocator with a sequence of
+operations and judges every answer with kvguard's own ``Ledger`` (what a correct allocator must
+have live and free), so what it finds are the allocator's bugs, never the caller's.
+
+An operation is abstract (``("free", (3, 0))`` frees the live blocks at positions 3 and 0 of the
+ledger's sorted live ids), so any sequence is meaningful in any state: ``kvguard.testing`` lets
+hypothesis generate and shrink such sequences, and ``kvguard replay --emit-test`` builds one from
+a staging log. Everything here is plain Python; torch and numpy are touched only when a probe
+needs one of their values (and skipped when they are not installed).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .ids import normalize, result_ids
+from .ledger import Ledger
+from .spec import AllocatorSpec, read
+
+
+@dataclass(frozen=True)
+class Clause:
+    """One promise a correct allocator keeps."""
+
+    name: str
+    summary: str
+    requires: str
+    """What the contract requires, as the report states it."""
+    probe: bool = True
+    """Exercised by feeding the allocator a bad call (otherwise by valid calls alone)."""
+    refcounted: bool | None = None
+    """Applies only to refcounted pools (True), only to plain ones (False), or to both."""
+
+
+CLAUSES = {c.name: c for c in (
+    Clause("valid-trace", "a valid call sequence never fails",
+           "allocate(n) with n blocks free returns n ids; freeing (or sharing) live blocks "
+           "succeeds", probe=False),
+    Clause("no-live-handout", "allocate never hands out a live block",
+           "every id allocate() returns is in range, distinct, and not live", probe=False),
+    Clause("free-count", "the allocator's own free count matches",
+           "the allocator's free count moves exactly as blocks are handed out and freed",
+           probe=False),
+    Clause("duplicate-id", "a repeated id in one free is rejected, atomically",
+           "free() of a list naming one id twice raises and frees nothing"),
+    Clause("double-free", "a double free is rejected, atomically",
+           "free() of an id that is already free raises and frees nothing", refcounted=False),
+    Clause("foreign-id", "a never-allocated or out-of-range id is rejected",
+           "free() of an id never handed out, negative or past the pool raises and frees "
+           "nothing"),
+    Clause("bool-id", "a bool is rejected",
+           "free(True), free([True]) or a bool among the ids raises and frees nothing (a bool "
+           "is id 1 to operator.index but a mask to tensor indexing)"),
+    Clause("bool-mask", "a bool mask is rejected or read as a mask",
+           "free() of a bool array/tensor raises and frees nothing, or frees exactly the "
+           "blocks it selects"),
+    Clause("tensor-id", "a tensor is rejected or handled correctly (allocators that do not "
+           "take tensors)",
+           "free() of a torch tensor (or its 0-dim elements) raises and frees nothing, or "
+           "frees exactly those ids and keeps no view of the caller's tensor"),
+    Clause("generator", "a generator is rejected or handled correctly",
+           "free() of a one-shot generator raises and frees nothing, or frees exactly the ids "
+           "it yields"),
+    Clause("release-past-zero", "refcounted: a release past zero is rejected",
+           "free() of a block whose reference count is already 0 raises and frees nothing",
+           refcounted=True),
+)}
+
+VALID_CLAUSES = tuple(name for name, c in CLAUSES.items() if not c.probe)
+PROBE_CLAUSES = tuple(name for name, c in CLAUSES.items() if c.probe)
+
+
+@dataclass(frozen=True)
+class Driver:
+    """How to call one allocator, for what an ``AllocatorSpec``'s method names cannot say.
+
+    Each callable receives the allocator; each ``None`` falls back to the spec (``alloc(n)``,
+    ``free(ids)``, ``share(ids)``, ``size``, ``free_count``). ``block(allocator, id)`` gives the
+    object a caller would pass for an id the allocator never handed out (pools whose ids travel
+    as objects, ``id_attr``): without it those probes are skipped. ``reserved`` ids are never
+    handed out and may be ignored by ``free()`` (vLLM's null block 0). ``source`` writes the same
+    calls as Python for the regression tests: keys ``allocate``, ``free``, ``share`` (with
+    ``{a}``, ``{n}``, ``{ids}``), ``block`` (``{a}``, ``{id}``), ``free_count`` (``{a}``),
+    ``setup`` (lines after the allocator is made) and ``imports``.
+    """
+
+    allocate: Callable[[Any, int], Any] | None = None
+    free: Callable[[Any, Any], Any] | None = None
+    share: Callable[[Any, Any], Any] | None = None
+    block: Callable[[Any, int], Any] | None = None
+    size: Callable[[Any], int] | None = None
+    free_count: Callable[[Any], int] | None = None
+    reserved: tuple = ()
+    source: dict = field(default_factory=dict)
+
+
+class Broken(Exception):
+    """A clause broken at one step of a run: raised to stop it, and carried to the report."""
+
+    def __init__(self, clause: str, did: str, required: str | None = None,
+                 check: str | None = None) -> None:
+        super().__init__(f"{clause}: {did}")
+        self.clause = clause
+        """The clause charged: a probe's own, when a later call shows what the probe did."""
+        self.check = check or clause
+        """The check that failed at this step."""
+        self.did = did
+        self.required = required or CLAUSES[clause].requires
+
+
+@dataclass
+class Step:
+    """One call the run made, as the report and the regression test show it."""
+
+    op: str
+    """``allocate``, ``free``, ``share``, or the clause name of a probe."""
+    ids: list
+    value: Any = None
+    """What reaches the allocator's method (ids as a list, tensor, objects, generator...)."""
+    form: str = "list"
+    """How ``ids`` were passed: list, objects, tensor, tensor-elements, scalar-tensor, bool,
+    bool-list, mask-tensor, mask-array, generator."""
+    n: int = 0
+    outcome: str = ""
+    rejected: bool = False
+    broken: Broken | None = None
+    must_reject: bool = False
+    effect: list | None = None
+    """The ids a probe that is accepted must free (None: it must be rejected)."""
+    free_before: int | None = None
+    free_after: int | None = None
+    mutate_to: int | None = None
+    """A tensor probe: the value the caller's tensor is overwritten with after the call."""
+    expect_live: list = field(default_factory=list)
+    expect_free: int | None = None
+
+
+def _plain(value) -> str:
+    try:
+        return repr(value.tolist()) if hasattr(value, "tolist") else repr(value)
+    except Exception:  # an allocator's own object with a broken repr
+        return f"<{type(value).__name__}>"
+
+
+def _outcome(result) -> str:
+    if result is None:
+        return "returned None"
+    text = _plain(result)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"returned {text}"
+
+
+class Run:
+    """One allocator driven through one sequence of abstract operations and judged as it goes.
+
+    ``checks`` limits which clauses may be reported (a search for one clause ignores the
+    others, so one bug cannot hide another); a step the judge cannot make valid (no live block
+    to free) is skipped, not recorded.
+    """
+
+    def __init__(self, allocator, spec: AllocatorSpec, driver: Driver | None = None,
+                 checks=None) -> None:
+        self.allocator = allocator
+        self.spec = spec
+        self.driver = driver or Driver()
+        self.checks = set(checks) if checks is not None else set(CLAUSES)
+        self.steps: list[Step] = []
+        size = self.driver.size(allocator) if self.driver.size else read(allocator, spec.size)
+        self.size = size if isinstance(size, int) else None
+        self.ledger = Ledger(self.size, refcounted=spec.refcounted)
+        self.objects: dict = {}
+        self.clock = 0
+        self.initial_free = self._read_free()
+        if self.initial_free is None and self.size is None:
+            raise TypeError("the fuzzer needs the pool's size or its free count: give the spec "
+                            "size= or free_count=")
+        self.capacity = (self.initial_free if self.initial_free is not None
+                         else self.size - len(self.driver.reserved))
+
+    # --- what the allocator says about itself ---
+
+    def _read_free(self):
+        how = self.driver.free_count
+        try:
+            value = how(self.allocator) if how else read(self.allocator, self.spec.free_count)
+        except Exception:  # a corrupt allocator may fail to count: that is a wrong count too
+            return -1
+        return value if value is None else int(value)
+
+    def expected_free(self) -> int:
+        return self.capacity - len(self.ledger.live_ids())
+
+    def live(self) -> list:
+        return self.ledger.live_ids()
+
+    def tombstones(self) -> list:
+        stamp = self.ledger.stamp
+        return [b for b in range(len(stamp)) if stamp[b] < 0]
+
+    # --- calls ---
+
+    def _alloc_call(self, n):
+        if self.driver.allocate:
+            return self.driver.allocate(self.allocator, n)
+        return getattr(self.allocator, self.spec.alloc)(n)
+
+    def _free_call(self, value):
+        if self.driver.free:
+            return self.driver.free(self.allocator, value)
+        return getattr(self.allocator, self.spec.free)(value)
+
+    def _share_call(self, value):
+        if self.driver.share:
+            return self.driver.share(self.allocator, value)
+        return getattr(self.allocator, self.spec.share)(value)
+
+    def _check(self, clause: str, did: str, required: str | None = None) -> None:
+        if clause in self.checks:
+            raise Broken(clause, did, required)
+
+    def _pick(self, pool: list, picks) -> list:
+        out = []
+        for p in picks:
+            b = pool[p % len(pool)]
+            if b not in out:
+                out.append(b)
+        return out
+
+    def _as_passed(self, ids: list):
+        """The ids as this allocator's callers pass them: objects, a tensor, or a list."""
+        if self.spec.id_attr is not None:
+            return [self.objects[b] if b in self.objects else self.block(b) for b in ids], \
+                "objects"
+        if self.spec.tensor_ok:
+            import torch
+            return torch.tensor(ids, dtype=torch.int64), "tensor"
+        return list(ids), "list"
+
+    def block(self, b: int):
+        """The object for id ``b`` that no allocation returned (a probe's never-allocated id)."""
+        if self.spec.id_attr is None:
+            return b
+        return self.driver.block(self.allocator, b) if self.driver.block else None
+
+    def _count_free(self, step: Step, clause: str, before) -> None:
+        """After a step that must leave the ledger's free blocks free in the allocator too."""
+        after = step.free_after = self._read_free()
+        if after is None or self.initial_free is None:
+            return
+        want = step.expect_free = self.initial_free - len(self.ledger.live_ids())
+        if after == want:
+            return
+        if step.op in PROBES and step.rejected:
+            did = (f"rejected it ({step.outcome}), but not atomically: free count {before} -> "
+                   f"{after}, must stay {want}")
+        elif step.op in PROBES:
+            did = (f"accepted it ({step.outcome}), but free count {before} -> {after}: freeing "
+                   f"{step.effect} once makes it {want}")
+        else:
+            did = f"free count {before} -> {after} after {step.op}(), the ledger says {want}"
+        self._check(clause, did)
+
+    def _record(self, step: Step) -> Step:
+        self.steps.append(step)
+        return step
+
+    # --- the operations ---
+
+    def apply(self, op: tuple) -> None:
+        kind = op[0]
+        if kind == "allocate":
+            self.allocate(op[1])
+        elif kind == "free":
+            self.free(op[1])
+        elif kind == "share":
+            self.share(op[1])
+        else:
+            PROBES[kind](self, *op[1:])
+
+    def allocate(self, n: int) -> None:
+        free = self.expected_free()
+        n = min(n, free)
+        if n <= 0:
+            return
+        self.clock += 1
+        step = self._record(Step("allocate", [], n=n, expect_live=self.live()))
+        before = self._read_free()
+        step.free_before = before
+        try:
+            result = self._alloc_call(n)
+        except Exception as exc:
+            step.outcome = f"raised {exc!r}"
+            step.rejected = True
+            self._check("valid-trace", f"allocate({n}) raised {exc!r} with {free} blocks free")
+            return
+        step.outcome = _outcome(result)
+        if result is None:
+            self._check("valid-trace", f"allocate({n}) returned None with {free} blocks free")
+            return
+        got = result_ids(result, self.spec.id_attr)
+        ids = got.ids
+        step.ids = list(ids)
+        if got.objects is not None:
+            self.objects.update(zip(ids, got.objects))
+        if got.faults:
+            self._check("no-live-handout", f"allocate({n}) {step.outcome}: "
+                        f"{got.faults[0].message}")
+        if len(ids) != n:
+            self._check("valid-trace", f"allocate({n}) handed out {len(ids)} ids {ids}")
+        bad = [b for b in ids if not self.ledger.in_range(b) or b in self.driver.reserved]
+        if bad:
+            self._check("no-live-handout", f"allocate({n}) {step.outcome}: id(s) {bad} are "
+                        "not blocks of the pool")
+        twice = sorted({b for b in ids if ids.count(b) > 1})
+        if twice:
+            self._check("no-live-handout", f"allocate({n}) {step.outcome}: block(s) {twice} "
+                        "twice in one call")
+        live = [b for b in ids if self.ledger.is_live(b)]
+        if live:
+            self._check("no-live-handout", f"allocate({n}) {step.outcome}: block(s) {live} "
+                        "are live (handed out and not freed)")
+        fresh = [b for b in dict.fromkeys(ids) if b not in bad]
+        self.ledger.grow(max(fresh, default=-1) + 1)
+        self.ledger.allocate([b for b in fresh if not self.ledger.is_live(b)], self.clock, 0)
+        self._count_free(step, "free-count", before)
+
+    def free(self, picks) -> None:
+        live = self.live()
+        if not live:
+            return
+        ids = self._pick(live, picks)
+        value, form = self._as_passed(ids)
+        self._valid_release("free", ids, value, form)
+
+    def share(self, picks) -> None:
+        live = self.live()
+        if not live or not self.spec.share:
+            return
+        ids = self._pick(live, picks)
+        value, form = self._as_passed(ids)
+        self._valid_release("share", ids, value, form)
+
+    def _valid_release(self, op, ids, value, form) -> None:
+        self.clock += 1
+        step = self._record(Step(op, ids, value, form))
+        before = step.free_before = self._read_free()
+        try:
+            result = (self._free_call if op == "free" else self._share_call)(value)
+        except Exception as exc:
+            step.outcome = f"raised {exc!r}"
+            step.rejected = True
+            self._check("valid-trace", f"{op}({ids}) of live blocks raised {exc!r}")
+            return
+        step.outcome = _outcome(result)
+        if op == "free":
+            self.ledger.release(ids, self.clock, 0)
+        else:
+            self.ledger.share(ids, self.clock, 0)
+        self._count_free(step, "free-count", before)
+
+    def probe(self, clause: str, ids: list, value, form: str, *, effect=None,
+              mutate_to=None) -> None:
+        """Make one bad call. ``effect``: the ids it frees if the allocator accepts it and
+        handles it correctly (None: it must be rejected)."""
+        self.clock += 1
+        step = self._record(Step(clause, list(ids), value, form, effect=effect,
+                                 must_reject=effect is None, mutate_to=mutate_to))
+        before = step.free_before = self._read_free()
+        try:
+            result = self._free_call(value)
+        except Exception as exc:
+            step.outcome = f"raised {exc!r}"
+            step.rejected = True
+        else:
+            step.outcome = _outcome(result)
+        if mutate_to is not None:
+            value.fill_(mutate_to)  # the caller reuses its buffer, as callers do
+        if not step.rejected and effect is None:
+            self._check(clause, f"accepted it ({step.outcome})")
+        if not step.rejected:
+            self.ledger.release(effect, self.clock, 0)
+        self._count_free(step, clause, before)
+
+    def run(self, ops) -> Broken | None:
+        """Apply ``ops``; the first broken clause (among ``checks``), or None."""
+        try:
+            for op in ops:
+                self.apply(op)
+        except Broken as broken:
+            self.steps[-1].broken = broken
+            return broken
+        return None
+
+
+# --- the probes: each makes one kind of bad call from the current state ---
+
+
+def _companions(run: Run, picks, exclude=()) -> list:
+    live = [b for b in run.live() if b not in exclude]
+    return run._pick(live, picks) if live and picks else []
+
+
+def _probe_duplicate(run: Run, picks, variant=0) -> None:
+    live = run.live()
+    if not live:
+        return
+    ids = run._pick(live, picks)
+    twice = ids[0]
+    ids = ids + [twice] if variant % 2 == 0 else [twice] + ids
+    value, form = run._as_passed(ids)
+    run.probe("duplicate-id", ids, value, form)
+
+
+def _probe_dead(run: Run, clause: str, picks) -> None:
+    dead = run.tombstones()
+    if not dead:
+        return
+    b = dead[picks[0] % len(dead)] if picks else dead[0]
+    ids = _companions(run, picks[1:]) + [b]
+    value, form = run._as_passed(ids)
+    run.probe(clause, ids, value, form)
+
+
+def _probe_double_free(run: Run, picks, variant=0) -> None:
+    _probe_dead(run, "double-free", picks)
+
+
+def _probe_past_zero(run: Run, picks, variant=0) -> None:
+    _probe_dead(run, "release-past-zero", picks)
+
+
+def _probe_foreign(run: Run, picks, variant=0) -> None:
+    size = run.size
+    ledger = run.ledger
+    if variant % 4 == 0:
+        limit = size if size is not None else max(run.live(), default=0) + 1
+        never = [b for b in range(limit) if not ledger.seen(b) and b not in run.driver.reserved]
+        if not never:
+            return
+        b = never[(picks[0] if picks else 0) % len(never)]
+    elif variant % 4 == 1:
+        b = -1
+    else:
+        if size is None:
+            return
+        b = size if variant % 4 == 2 else size + 1000
+    thing = run.block(b)
+    if thing is None:
+        return  # objects cannot be made up for this pool (no Driver.block)
+    ids = _companions(run, picks[1:]) + [b]
+    value, form = run._as_passed(ids[:-1])
+    if form == "tensor":
+        import torch
+        value = torch.tensor(ids, dtype=torch.int64)
+    else:
+        value = value + [thing]
+    run.probe("foreign-id", ids, value, form)
+
+
+def _probe_bool(run: Run, picks, variant=0) -> None:
+    if variant % 3 == 0:
+        run.probe("bool-id", [True], True, "bool")
+    elif variant % 3 == 1:
+        run.probe("bool-id", [True], [True], "bool-list")
+    else:
+        ids = _companions(run, picks)
+        value, _ = run._as_passed(ids)
+        if not isinstance(value, list):
+            return
+        run.probe("bool-id", ids + [False], value + [False], "bool-list")
+
+
+def _probe_mask(run: Run, picks, variant=0) -> None:
+    live = run.live()
+    if not live or run.spec.id_attr is not None:
+        return
+    chosen = run._pick(live, picks)
+    length = run.size if run.size is not None else max(live) + 1
+    mask = [b in chosen for b in range(length)]
+    if variant % 2 == 0 and "torch" in sys.modules:
+        import torch
+        value, form = torch.tensor(mask, dtype=torch.bool), "mask-tensor"
+    else:
+        try:
+            import numpy
+        except ImportError:
+            return
+        value, form = numpy.array(mask, dtype=bool), "mask-array"
+    run.probe("bool-mask", sorted(chosen), value, form, effect=sorted(chosen))
+
+
+def _probe_tensor(run: Run, picks, variant=0) -> None:
+    live = run.live()
+    if not live or run.spec.tensor_ok or run.spec.id_attr is not None:
+        return
+    try:
+        import torch
+    except ImportError:
+        return
+    ids = run._pick(live, picks)
+    others = [b for b in live if b not in ids]
+    # After the call the caller reuses its tensor: a view kept inside the allocator now names
+    # a live block (or one past the pool), which the next allocation shows.
+    mutate = others[0] if others else (run.size if run.size is not None else -1)
+    if variant % 3 == 0:
+        value, form = torch.tensor(ids, dtype=torch.int64), "tensor"
+        run.probe("tensor-id", ids, value, form, effect=ids, mutate_to=mutate)
+    elif variant % 3 == 1:
+        value = torch.tensor(ids[0], dtype=torch.int64)
+        run.probe("tensor-id", ids[:1], value, "scalar-tensor", effect=ids[:1],
+                  mutate_to=mutate)
+    else:
+        tensor = torch.tensor(ids, dtype=torch.int64)
+        run.probe("tensor-id", ids, list(tensor), "tensor-elements", effect=ids)
+
+
+def _probe_generator(run: Run, picks, variant=0) -> None:
+    live = run.live()
+    if not live:
+        return
+    ids = run._pick(live, picks)
+    value, form = run._as_passed(ids)
+    if not isinstance(value, list):
+        value = value.tolist() if hasattr(value, "tolist") else list(value)
+    run.probe("generator", ids, (x for x in value), "generator", effect=ids)
+
+
+PROBES = {
+    "duplicate-id": _probe_duplicate,
+    "double-free": _probe_double_free,
+    "foreign-id": _probe_foreign,
+    "bool-id": _probe_bool,
+    "bool-mask": _probe_mask,
+    "tensor-id": _probe_tensor,
+    "generator": _probe_generator,
+    "release-past-zero": _probe_past_zero,
+}
+
+
+def applicable(spec: AllocatorSpec) -> list:
+    """The clauses that make sense for an allocator read with ``spec``."""
+    out = []
+    for name, clause in CLAUSES.items():
+        if clause.refcounted is not None and clause.refcounted != spec.refcounted:
+            continue
+        if name == "tensor-id" and (spec.tensor_ok or spec.id_attr is not None):
+            continue
+        if name == "bool-mask" and spec.id_attr is not None:
+            continue
+        out.append(name)
+    return out
+
+
+def judge(factory, spec: AllocatorSpec, ops, clause: str, driver: Driver | None = None):
+    """Run ``ops`` on a fresh allocator, reporting only ``clause``; for a probe clause the
+    break counts only if the same sequence without the probes keeps every clause (so a bug of
+    a valid sequence is never blamed on a probe that happens to sit in front of it)."""
+    run = Run(factory(), spec, driver, checks=[clause] if not CLAUSES[clause].probe else None)
+    run.ops = list(ops)
+    broken = run.run(ops)
+    if broken is None:
+        return None
+    if CLAUSES[clause].probe:
+        if broken.clause != clause and not any(s.op == clause for s in run.steps):
+            return None
+        plain = Run(factory(), spec, driver)
+        if plain.run([op for op in ops if op[0] not in PROBES]) is not None:
+            return None
+        if broken.clause != clause:
+            broken = Broken(clause, f"{broken.did} (after the {clause} call above: "
+                            f"{broken.clause})", CLAUSES[clause].requires, broken.clause)
+            run.steps[-1].broken = broken
+    return run
+
+
+def _simpler(op: tuple) -> list:
+    if op[0] == "allocate":
+        return [("allocate", n) for n in range(1, op[1])]
+    out = []
+    if op[1] != (0,):
+        out.append((op[0], (0,)) + op[2:])
+    if len(op[1]) > 1:
+        out.append((op[0], op[1][:1]) + op[2:])
+    return out
+
+
+def shrink(ops, fails, *, rounds: int = 8) -> list:
+    """The shortest, simplest ``ops`` that still ``fails``: drop one operation at a time, then
+    simplify each (fewer blocks, the first live block), until nothing changes. hypothesis
+    shrinks first; this pass also serves sequences it never saw (a staging log's)."""
+    ops = list(ops)
+    for _ in range(rounds):
+        before = list(ops)
+        i = 0
+        while i < len(ops):
+            candidate = ops[:i] + ops[i + 1:]
+            if fails(candidate):
+                ops = candidate
+            else:
+                i += 1
+        for i in range(len(ops)):
+            for simpler in _simpler(ops[i]):
+                candidate = ops[:i] + [simpler] + ops[i + 1:]
+                if fails(candidate):
+                    ops = candidate
+                    break
+        if ops == before:
+            break
+    return ops

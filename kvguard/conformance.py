@@ -165,11 +165,13 @@ class Run:
     """
 
     def __init__(self, allocator, spec: AllocatorSpec, driver: Driver | None = None,
-                 checks=None) -> None:
+                 checks=None, dry: bool = False) -> None:
         self.allocator = allocator
         self.spec = spec
         self.driver = driver or Driver()
         self.checks = set(checks) if checks is not None else set(CLAUSES)
+        self.dry = dry
+        """Probes prepare (allocate, free) but make no bad call: the same sequence without them."""
         self.steps: list[Step] = []
         size = self.driver.size(allocator) if self.driver.size else read(allocator, spec.size)
         self.size = size if isinstance(size, int) else None
@@ -368,6 +370,8 @@ class Run:
               mutate_to=None) -> None:
         """Make one bad call. ``effect``: the ids it frees if the allocator accepts it and
         handles it correctly (None: it must be rejected)."""
+        if self.dry:
+            return
         self.clock += 1
         step = self._record(Step(clause, list(ids), value, form, effect=effect,
                                  must_reject=effect is None, mutate_to=mutate_to))
@@ -401,13 +405,30 @@ class Run:
 # --- the probes: each makes one kind of bad call from the current state ---
 
 
+def _some_live(run: Run) -> list:
+    """Live blocks for a probe to name: one is allocated first when none is (so every probe the
+    search draws is made, and the shrunk sequence shows the allocation it needs)."""
+    if not run.live():
+        run.allocate(1)
+    return run.live()
+
+
+def _some_dead(run: Run) -> list:
+    """Blocks freed already: one is allocated and freed first when there is none."""
+    if not run.tombstones():
+        _some_live(run)
+        if run.live():
+            run.free((0,))
+    return run.tombstones()
+
+
 def _companions(run: Run, picks, exclude=()) -> list:
     live = [b for b in run.live() if b not in exclude]
     return run._pick(live, picks) if live and picks else []
 
 
 def _probe_duplicate(run: Run, picks, variant=0) -> None:
-    live = run.live()
+    live = _some_live(run)
     if not live:
         return
     ids = run._pick(live, picks)
@@ -418,7 +439,7 @@ def _probe_duplicate(run: Run, picks, variant=0) -> None:
 
 
 def _probe_dead(run: Run, clause: str, picks) -> None:
-    dead = run.tombstones()
+    dead = _some_dead(run)
     if not dead:
         return
     b = dead[picks[0] % len(dead)] if picks else dead[0]
@@ -477,7 +498,7 @@ def _probe_bool(run: Run, picks, variant=0) -> None:
 
 
 def _probe_mask(run: Run, picks, variant=0) -> None:
-    live = run.live()
+    live = _some_live(run)
     if not live or run.spec.id_attr is not None:
         return
     chosen = run._pick(live, picks)
@@ -496,13 +517,13 @@ def _probe_mask(run: Run, picks, variant=0) -> None:
 
 
 def _probe_tensor(run: Run, picks, variant=0) -> None:
-    live = run.live()
-    if not live or run.spec.tensor_ok or run.spec.id_attr is not None:
+    if run.spec.tensor_ok or run.spec.id_attr is not None:
         return
     try:
         import torch
     except ImportError:
         return
+    live = _some_live(run)
     ids = run._pick(live, picks)
     others = [b for b in live if b not in ids]
     # After the call the caller reuses its tensor: a view kept inside the allocator now names
@@ -521,7 +542,7 @@ def _probe_tensor(run: Run, picks, variant=0) -> None:
 
 
 def _probe_generator(run: Run, picks, variant=0) -> None:
-    live = run.live()
+    live = _some_live(run)
     if not live:
         return
     ids = run._pick(live, picks)
@@ -569,8 +590,7 @@ def judge(factory, spec: AllocatorSpec, ops, clause: str, driver: Driver | None 
     if CLAUSES[clause].probe:
         if broken.clause != clause and not any(s.op == clause for s in run.steps):
             return None
-        plain = Run(factory(), spec, driver)
-        if plain.run([op for op in ops if op[0] not in PROBES]) is not None:
+        if Run(factory(), spec, driver, dry=True).run(ops) is not None:
             return None
         if broken.clause != clause:
             broken = Broken(clause, f"{broken.did} (after the {clause} call above: "

@@ -166,7 +166,7 @@ def _search(factory, spec, driver, clause, examples, seed, deadline):
     @settings(max_examples=examples, deadline=None, database=None, derandomize=False,
               report_multiple_bugs=False, verbosity=Verbosity.quiet, print_blob=False,
               suppress_health_check=list(HealthCheck),
-              phases=(Phase.explicit, Phase.generate, Phase.shrink))
+              phases=(Phase.explicit, Phase.generate))  # shrink() below is cheaper
     @hypothesis_seed(seed)
     @given(st.binary(max_size=3 * MAX_STEPS))
     def search(data):

@@ -17,6 +17,8 @@ COMMANDS = {
     "run": ("kvguard.staging", "run_command", "run a command with staging on (KVGUARD=1)"),
     "report": ("kvguard.merge", "report_command", "merge staging's JSON lines into one summary"),
     "replay": ("kvguard.replay", "replay_command", "replay a report's last operations offline"),
+    "fuzz": ("kvguard.fuzz", "fuzz_command", "fuzz an allocator class against the allocator "
+             "contract"),
 }
 
 

@@ -310,6 +310,7 @@ class Run:
         step.ids = list(ids)
         if got.objects is not None:
             self.objects.update(zip(ids, got.objects))
+            step.outcome = f"returned the blocks {ids}"
         if got.faults:
             self._check("no-live-handout", f"allocate({n}) {step.outcome}: "
                         f"{got.faults[0].message}")
@@ -485,6 +486,8 @@ def _probe_foreign(run: Run, picks, variant=0) -> None:
 
 
 def _probe_bool(run: Run, picks, variant=0) -> None:
+    if len(run.live()) < 2:  # a bool coerces to id 0 or 1: with blocks live, that frees one
+        run.allocate(2 - len(run.live()))
     if variant % 3 == 0:
         run.probe("bool-id", [True], True, "bool")
     elif variant % 3 == 1:
@@ -593,8 +596,11 @@ def judge(factory, spec: AllocatorSpec, ops, clause: str, driver: Driver | None 
         if Run(factory(), spec, driver, dry=True).run(ops) is not None:
             return None
         if broken.clause != clause:
-            broken = Broken(clause, f"{broken.did} (after the {clause} call above: "
-                            f"{broken.clause})", CLAUSES[clause].requires, broken.clause)
+            probe = [s for s in run.steps if s.op == clause][-1]
+            how = "rejected" if probe.rejected else "accepted"
+            broken = Broken(clause, f"{how} the {clause} call ({probe.outcome}), but it did harm: "
+                            f"afterwards {broken.check}: {broken.did}",
+                            CLAUSES[clause].requires, broken.clause)
             run.steps[-1].broken = broken
     return run
 

@@ -187,20 +187,23 @@ def _search(factory, spec, driver, clause, examples, seed, deadline):
 
 
 def _describe(run: Run) -> list:
+    """The steps of ``run`` as calls on ``a``, with what each returned or raised."""
+    from .regression import Writer
+    writer = Writer(run, None)
     calls = []
-    name = {"allocate": run.spec.alloc, "free": run.spec.free, "share": run.spec.share}
     for s in run.steps:
         if s.op == "allocate":
-            calls.append(f"{name['allocate']}({s.n}) -> {s.outcome}")
+            calls.append(f"{writer.call('allocate', n=s.n)} -> {s.outcome}")
             continue
-        what = f"{s.form} {s.ids}" if s.form not in ("list",) else f"{s.ids}"
-        if s.form == "bool":
-            what = repr(s.value)
-        label = f"  <- {s.op} probe" if s.op in PROBES else ""
-        tail = f"; then the caller overwrites it with {s.mutate_to}" if s.mutate_to is not None \
-            else ""
-        calls.append(f"{name['free' if s.op in PROBES else s.op]}({what}) -> {s.outcome}"
-                     f"{tail}{label}")
+        value = s.form if s.form in ("bool-list", "bool") else ""
+        shown = repr(s.value) if s.form == "bool" else f"{value} {s.ids}".strip()
+        if s.form not in ("list", "bool", "bool-list"):
+            shown = f"{s.form} {s.ids}"
+        label = f"  <- the {s.op} call" if s.op in PROBES else ""
+        tail = f"; the caller then overwrites its tensor with {s.mutate_to}" \
+            if s.mutate_to is not None else ""
+        call = writer.call("free" if s.op in PROBES else s.op, shown)
+        calls.append(f"{call} -> {s.outcome}{tail}{label}")
     return calls
 
 

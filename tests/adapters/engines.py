@@ -35,6 +35,8 @@ PACKAGES = {
     "sglang": ("sglang==0.5.23", "sglang-0.5.23-*.whl"),
     "transformers": ("transformers==5.24.0", "transformers-5.24.0-*.whl"),
     "lmcache": ("lmcache==0.5.6", "lmcache-0.5.6-*.whl"),
+    "lmdeploy": ("lmdeploy==0.18.0", "lmdeploy-0.18.0-*.whl"),
+    "aphrodite": ("aphrodite-engine==0.24.1", "aphrodite_engine-0.24.1-*.whl"),
 }
 
 
@@ -401,10 +403,64 @@ def _lmcache(package, modules):
                                  torch=torch)
 
 
+# --- lmdeploy 0.18.0 ------------------------------------------------------------------------
+
+
+def _lmdeploy(package, modules):
+    # base_block_manager.py imports SchedulerSequence (annotations only) from the scheduler's
+    # messages, which pull in the whole engine: a placeholder. The allocators are numpy only.
+    _placeholders(modules, "lmdeploy.pytorch.messages", "SchedulerSequence")
+    base = modules.load(package, "lmdeploy/pytorch/paging/block_manager/base_block_manager.py",
+                        "lmdeploy.pytorch.paging.block_manager.base_block_manager")
+    return types.SimpleNamespace(LogicalAllocator=base.LogicalAllocator,
+                                 PhysicalAllocator=base.PhysicalAllocator)
+
+
+# --- aphrodite-engine 0.24.1 ----------------------------------------------------------------
+
+
+class _Lenient(types.ModuleType):
+    """A stand-in module whose every missing name is a placeholder class (the config and spec
+    types aphrodite's kv_cache_utils.py imports by the dozen, for annotations and isinstance)."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        value = type(name, (), {"__module__": self.__name__})
+        setattr(self, name, value)
+        return value
+
+
+def _aphrodite(package, modules):
+    # aphrodite's v1 core is vLLM's, forked: the same stand-ins as _vllm, under its own names.
+    for name in ("aphrodite.config", "aphrodite.v1.kv_cache_interface",
+                 "aphrodite.v1.kv_cache_spec_registry", "aphrodite.v1.request",
+                 "aphrodite.distributed.kv_events", "aphrodite.v1.core.kv_cache_metrics"):
+        modules.package(name.rpartition(".")[0])
+        modules._add(name, _Lenient(name))
+    modules.stub("aphrodite.envs", APHRODITE_KV_EVENTS_USE_INT_BLOCK_HASHES=False,
+                 VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=False)
+    modules.stub("aphrodite", envs=sys.modules["aphrodite.envs"])
+    modules.stub("aphrodite.logger", init_logger=logging.getLogger)
+    modules.stub("aphrodite.utils.hashing", xxhash=None, xxhash_cbor=None)
+    modules.stub("aphrodite.utils.math_utils", cdiv=lambda a, b: -(a // -b))
+    modules.stub("aphrodite.utils.mem_utils", format_gib=lambda b: f"{b / (1 << 30):.2f}")
+    modules.stub("aphrodite.utils.torch_utils", get_dtype_size=lambda dtype: 2)
+    modules.stub("aphrodite.v1.utils", tensor_data=lambda t: t)
+    modules.stub("aphrodite.distributed.kv_events", MEDIUM_GPU="GPU", MEDIUM_CPU="CPU")
+    utils = modules.load(package, "aphrodite/v1/core/kv_cache_utils.py",
+                         "aphrodite.v1.core.kv_cache_utils")
+    pool = modules.load(package, "aphrodite/v1/core/block_pool.py",
+                        "aphrodite.v1.core.block_pool")
+    return types.SimpleNamespace(BlockPool=pool.BlockPool, KVCacheBlock=utils.KVCacheBlock)
+
+
 LOADERS = {
     "deepspeed": _deepspeed,
     "vllm": _vllm,
     "sglang": _sglang,
     "transformers": _transformers,
     "lmcache": _lmcache,
+    "lmdeploy": _lmdeploy,
+    "aphrodite": _aphrodite,
 }

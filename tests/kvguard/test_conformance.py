@@ -248,3 +248,39 @@ def test_import_kvguard_does_not_import_the_fuzzer_or_hypothesis():
             "'hypothesis', 'pytest') if m in sys.modules]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_cli_fuzz_exits_1_with_the_report_when_a_clause_breaks(capsys):
+    from kvguard.cli import main
+    code = main(["fuzz", "kvguard.examples.LinkedFreeList", "--factory", "cls(4)", "--spec",
+                 "kvguard.examples.LINKED_FREE_LIST_SPEC", "--examples", "20", "--clause",
+                 "duplicate-id", "--clause", "double-free", "--seed", "1"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "breaks a promise it makes:\n  duplicate-id" in out and "keeps: double-free" in out
+    assert "def test_linkedfreelist_duplicate_id():" in out and "took" in out
+
+
+def test_cli_fuzz_exits_0_when_every_clause_holds(capsys):
+    from kvguard.cli import main
+    assert main(["fuzz", f"{__name__}.Pool", "--factory", "Pool(4)", "--spec",
+                 f"{__name__}.POOL_SPEC", "--examples", "10"]) == 0
+    assert "0 broken promise(s)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["no.such.Thing"], "cannot import no.such.Thing"),
+    (["kvguard.examples.LinkedFreeList"], "no built-in factory"),
+    (["kvguard.examples.LinkedFreeList", "--factory", "cls("], "--factory"),
+    (["kvguard.examples.LinkedFreeList", "--factory", "cls(0)"], "cannot build"),
+    (["kvguard.examples.LinkedFreeList", "--factory", "cls(4)"], "size= or free_count="),
+    (["kvguard.examples.LinkedFreeList", "--factory", "cls(4)", "--spec", "kvguard.examples"
+      ".LinkedFreeList"], "is not a kvguard.AllocatorSpec"),
+    (["kvguard.examples.LinkedFreeList", "--examples", "0"], "--examples"),
+    (["kvguard.examples.LINKED_FREE_LIST_SPEC"], "is not a class"),
+])
+def test_cli_fuzz_mistakes_are_one_line_and_exit_2(capsys, argv, message):
+    from kvguard.cli import main
+    assert main(["fuzz", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err

@@ -1,0 +1,257 @@
+"""``kvguard fuzz DOTTED.NAME``: the conformance fuzzer from the command line.
+
+The engines' allocators need more than a spec to be fuzzed: a constructor call that makes a
+small pool, and, for some, a way to call them (Hugging Face's ``CachePool`` takes an ``index``
+before the ids, LMCache allocates through ``batched_allocate(shape, dtype, n)``). ``TARGETS``
+holds that for each engine allocator, keyed by dotted class name; any other class is fuzzed
+with ``--factory`` (an expression building one, ``cls`` bound to the class) and its registered
+spec, or ``--spec module.NAME``. Exit status: 0 every promised clause kept, 1 a clause broken,
+2 a command-line mistake (one line, never a traceback).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .conformance import CLAUSES, Driver
+from .spec import AllocatorSpec
+
+
+@dataclass(frozen=True)
+class Target:
+    """How to make and call one engine's allocator for the fuzzer."""
+
+    make: Callable[[type], Any]
+    """A fresh, small pool from its class."""
+    make_source: str
+    """The same, as the regression tests write it (``{cls}`` is the class name)."""
+    spec: AllocatorSpec | None = None
+    """None: the class's registered (built-in) spec."""
+    driver: Driver = field(default_factory=Driver)
+    note: str = ""
+
+
+def _torch():
+    import torch
+    return torch
+
+
+def _hf_pool(cls):
+    pool = cls(num_sectors=2, num_allocators=1)
+    pool.set_blocks_per_sector(0, 4)
+    pool.allocate_sector(0)
+    pool.allocate_sector(0)
+    return pool
+
+
+_LMCACHE_PAGE = ((2, 1, 4, 8), "float16")  # one 128-byte page
+
+
+def _lmcache_pool(cls):
+    torch = _torch()
+    shape, dtype = _LMCACHE_PAGE
+    fmt = sys.modules[cls.__module__].MemoryFormat.KV_2LTD
+    return cls(torch.zeros(8 * 128, dtype=torch.uint8), [torch.Size(shape)],
+               [getattr(torch, dtype)], fmt)
+
+
+def _lmcache_allocate(a, n):
+    torch = _torch()
+    shape, dtype = _LMCACHE_PAGE
+    return a.batched_allocate(torch.Size(shape), getattr(torch, dtype), n)
+
+
+def _page(a, i):
+    return next((obj for obj in a.free_blocks if obj.meta.address == i), None)
+
+
+def _numpy_ids(value):
+    """A list of plain ints as the int64 array lmdeploy's callers pass; anything else as is."""
+    if isinstance(value, list) and all(type(b) is int for b in value):
+        import numpy
+        return numpy.asarray(value, dtype=numpy.int64)
+    return value
+
+
+def _vllm_block(pool, i):
+    if 0 <= i < len(pool.blocks):
+        return pool.blocks[i]
+    return type(pool.blocks[0])(i)
+
+
+_VLLM_DRIVER = Driver(
+    block=_vllm_block, reserved=(0,),
+    source={"block": "{a}.blocks[{id}]"})
+
+TARGETS = {
+    "deepspeed.inference.v2.ragged.blocked_allocator.BlockedAllocator": Target(
+        lambda cls: cls(8), "{cls}(8)"),
+    "vllm.v1.core.block_pool.BlockPool": Target(
+        lambda cls: cls(num_gpu_blocks=8, enable_caching=False, hash_block_size=16),
+        "{cls}(num_gpu_blocks=8, enable_caching=False, hash_block_size=16)",
+        driver=_VLLM_DRIVER, note="block 0 is the null block, never handed out"),
+    "aphrodite.v1.core.block_pool.BlockPool": Target(
+        lambda cls: cls(num_gpu_blocks=8, enable_caching=False, hash_block_size=16),
+        "{cls}(num_gpu_blocks=8, enable_caching=False, hash_block_size=16)",
+        spec=AllocatorSpec(alloc="get_new_blocks", free="free_blocks", share="touch",
+                           id_attr="block_id", refcounted=True, iterator_ok=True,
+                           size="num_gpu_blocks", free_count="get_num_free_blocks"),
+        driver=_VLLM_DRIVER, note="vLLM's BlockPool, forked"),
+    "sglang.srt.mem_cache.allocator.token.TokenToKVPoolAllocator": Target(
+        lambda cls: cls(size=8, dtype=_torch().float16, device="cpu", kvcache=None,
+                        need_sort=False),
+        "{cls}(size=8, dtype=torch.float16, device='cpu', kvcache=None, need_sort=False)",
+        driver=Driver(reserved=(0,), source={"imports": ["import torch"]}),
+        note="slot 0 is the padding slot, never handed out"),
+    "transformers.generation.continuous_batching.cache_allocators.cache_pool.CachePool": Target(
+        _hf_pool, "{cls}(num_sectors=2, num_allocators=1)",
+        driver=Driver(
+            allocate=lambda a, n: a.get_free_blocks(0, n),
+            free=lambda a, ids: a.free_blocks(0, ids),
+            free_count=lambda a: a.count_free_blocks(0),
+            size=lambda a: (a.num_sectors + a.num_reserved_sectors) * a.blocks_per_sector[0],
+            source={"allocate": "{a}.get_free_blocks(0, {n})", "free": "{a}.free_blocks(0, {ids})",
+                    "free_count": "{a}.count_free_blocks(0)",
+                    "setup": ["{a}.set_blocks_per_sector(0, 4)", "{a}.allocate_sector(0)",
+                              "{a}.allocate_sector(0)"]}),
+        note="index 0 of a pool with two sectors of 4 blocks"),
+    "lmcache.v1.memory_allocators.paged_tensor_memory_allocator.PagedTensorMemoryAllocator":
+        Target(
+            _lmcache_pool, "{cls}(torch.zeros(8 * 128, dtype=torch.uint8), "
+            "[torch.Size((2, 1, 4, 8))], [torch.float16], MemoryFormat.KV_2LTD)",
+            driver=Driver(
+                allocate=_lmcache_allocate, free=lambda a, objs: a.batched_free(objs),
+                block=_page,
+                source={"allocate": "{a}.batched_allocate(torch.Size((2, 1, 4, 8)), "
+                        "torch.float16, {n})", "free": "{a}.batched_free({ids})",
+                        "block": "next(o for o in {a}.free_blocks if o.meta.address == {id})",
+                        "free_count": "len({a}.free_blocks)",
+                        "imports": ["import torch", "from lmcache.v1.memory_management import "
+                                    "MemoryFormat"]}),
+            note="8 pages; batched_allocate/batched_free"),
+    "lmdeploy.pytorch.paging.block_manager.base_block_manager.LogicalAllocator": Target(
+        lambda cls: cls(num_cpu_blocks=0, num_gpu_blocks=8),
+        "{cls}(num_cpu_blocks=0, num_gpu_blocks=8)",
+        spec=AllocatorSpec(alloc="allocate", free="free", share="add_ref_count",
+                           refcounted=True, size="_num_blocks",
+                           free_count="get_num_free_blocks"),
+        driver=Driver(
+            free=lambda a, ids: a.free(_numpy_ids(ids)),
+            share=lambda a, ids: a.add_ref_count(_numpy_ids(ids), 1),
+            source={"free": "{a}.free(numpy.asarray({ids}))",
+                    "share": "{a}.add_ref_count(numpy.asarray({ids}), 1)",
+                    "imports": ["import numpy"]}),
+        note="ids as numpy arrays, as its block manager passes them; add_ref_count shares"),
+}
+
+
+def resolve(dotted: str) -> type:
+    """The class at ``package.module.Class`` (nested classes too)."""
+    module_name, _, rest = dotted.rpartition(".")
+    parts = [rest]
+    while module_name:
+        module = sys.modules.get(module_name)
+        if module is None:
+            try:
+                module = importlib.import_module(module_name)
+            except ModuleNotFoundError as exc:
+                if exc.name and module_name.startswith(exc.name) and "." in module_name:
+                    module_name, _, outer = module_name.rpartition(".")
+                    parts.insert(0, outer)
+                    continue
+                raise
+        obj = module
+        for part in parts:
+            obj = getattr(obj, part)
+        return obj
+    raise ValueError(f"{dotted!r} is not a dotted name 'package.module.Class'")
+
+
+def target_for(cls: type, factory: str | None = None, spec: AllocatorSpec | None = None):
+    """(factory, spec, driver, make source) for ``cls``: its built-in target, overridden by an
+    explicit ``factory`` expression or ``spec``."""
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    target = TARGETS.get(name)
+    if factory is not None:
+        code = compile(factory, "--factory", "eval")
+
+        def make():
+            return eval(code, {"cls": cls, cls.__name__: cls})
+        source = factory.replace("cls(", f"{cls.__name__}(")
+        driver = target.driver if target else None
+    elif target is not None:
+        def make():
+            return target.make(cls)
+        source = target.make_source.format(cls=cls.__name__)
+        driver = target.driver
+    else:
+        raise ValueError(f"no built-in factory for {name}: give --factory 'cls(...)'")
+    if spec is None and target is not None:
+        spec = target.spec
+    return make, spec, driver, source
+
+
+def fuzz_command(argv) -> int:
+    """``kvguard fuzz DOTTED.NAME``."""
+    from .cli import Parser, UsageError
+    parser = Parser(prog="kvguard fuzz", description=(
+        "Fuzz an allocator class against the allocator contract (driven unguarded, judged by "
+        "kvguard's ledger) and report every clause it breaks with a shrunk call sequence and a "
+        f"regression test. Built-in factories: {', '.join(TARGETS)}."))
+    parser.add_argument("name", metavar="DOTTED.NAME", help="the allocator class, "
+                        "package.module.Class")
+    parser.add_argument("--factory", metavar="EXPR", help="a Python expression that builds a "
+                        "small pool, with the class bound to `cls` (e.g. 'cls(16)'); default: "
+                        "the built-in factory for the engines' allocators")
+    parser.add_argument("--spec", metavar="MODULE.NAME", help="a kvguard.AllocatorSpec to "
+                        "read it with; default: the class's registered (built-in) spec")
+    parser.add_argument("--examples", type=int, default=None, metavar="N",
+                        help="call sequences per clause (default 100)")
+    parser.add_argument("--seed", type=int, default=0, metavar="S")
+    parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                        help="stop searching after this long (default 30)")
+    parser.add_argument("--clause", action="append", choices=list(CLAUSES), default=None,
+                        help="check only this clause (repeatable)")
+    args = parser.parse_args(argv)
+    if args.examples is not None and args.examples < 1:
+        raise UsageError("kvguard fuzz: error: --examples must be at least 1")
+    try:
+        cls = resolve(args.name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise UsageError(f"kvguard fuzz: error: cannot import {args.name}: {exc}") from None
+    if not isinstance(cls, type):
+        raise UsageError(f"kvguard fuzz: error: {args.name} is not a class")
+    spec = None
+    if args.spec:
+        try:
+            spec = resolve(args.spec)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise UsageError(f"kvguard fuzz: error: cannot import {args.spec}: {exc}") from None
+        if not isinstance(spec, AllocatorSpec):
+            raise UsageError(f"kvguard fuzz: error: {args.spec} is not a kvguard.AllocatorSpec")
+    try:
+        make, spec, driver, source = target_for(cls, args.factory, spec)
+    except SyntaxError as exc:
+        raise UsageError(f"kvguard fuzz: error: --factory: {exc.msg}") from None
+    except ValueError as exc:
+        raise UsageError(f"kvguard fuzz: error: {exc}") from None
+    try:
+        make()
+    except SyntaxError as exc:
+        raise UsageError(f"kvguard fuzz: error: --factory: {exc.msg}") from None
+    except Exception as exc:
+        raise UsageError(f"kvguard fuzz: error: cannot build a {cls.__name__}: {exc!r}") \
+            from None
+    from .testing import DEFAULT_BUDGET, DEFAULT_EXAMPLES, check_allocator
+    try:
+        report = check_allocator(make, spec, examples=args.examples or DEFAULT_EXAMPLES,
+                                 seed=args.seed, budget=args.budget or DEFAULT_BUDGET,
+                                 driver=driver, clauses=args.clause, make=source,
+                                 raise_on_broken=False)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"kvguard fuzz: error: {exc}") from None
+    sys.stdout.write(report.render() + "\n")
+    return 1 if report.findings else 0

@@ -112,6 +112,13 @@ class Writer:
         if "free_count" in self.source:
             return self.source["free_count"].format(a="a")
         how = self.spec.free_count
+        if callable(how):
+            from .registry import spec_for
+            if spec_for(type(self.run.allocator)) is not self.spec:
+                return None  # a callable of the caller's own: set Driver.source['free_count']
+            self.imports.update(("from kvguard.registry import spec_for",
+                                 "from kvguard.spec import read"))
+            return "read(a, spec_for(type(a)).free_count)"
         if not isinstance(how, str):
             return None
         return f"a.{how}()" if callable(getattr(self.run.allocator, how, None)) else f"a.{how}"

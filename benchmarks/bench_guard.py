@@ -140,4 +140,5 @@ def _guarded(allocator, stacks, **options):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    import results  # --write-docs: what this prints becomes its section of docs/cost.md
+    sys.exit(results.main(main))

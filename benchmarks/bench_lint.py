@@ -99,4 +99,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    import results  # --write-docs: what this prints becomes its section of docs/cost.md
+    sys.exit(results.main(main))

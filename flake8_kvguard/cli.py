@@ -135,6 +135,8 @@ class _Run:
             config = config_module.project_config(root)
         except config_module.ConfigError as exc:
             raise UsageError(str(exc)) from None
+        for message in config_module.take_warnings(root):
+            self.warn(f"warning: {message}")
         try:
             with open(path, "rb") as handle:
                 data = handle.read()

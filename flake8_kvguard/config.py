@@ -17,6 +17,7 @@ setup.cfg / tox.ini / .flake8 at the project root, so `flake8 --select KVG` and
 from __future__ import annotations
 
 import configparser
+import difflib
 import os
 import re
 from dataclasses import dataclass
@@ -79,8 +80,18 @@ def split_names(value, where: str) -> frozenset:
     return frozenset(names)
 
 
-def from_mapping(values: dict, where: str, *, prefix: str = "") -> Config:
-    """Config from the entries of one table/section that belong to us."""
+def unknown_setting(key: str, normalized: str, where: str) -> str:
+    """The warning for a key that looks like ours but is no setting (a typo, most likely)."""
+    close = difflib.get_close_matches(normalized, SETTINGS, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return (f"{where}: unknown setting {key!r} is ignored ({hint}known: "
+            f"{', '.join(SETTINGS)})")
+
+
+def from_mapping(values: dict, where: str, *, prefix: str = "", unknown: list | None = None
+                 ) -> Config:
+    """Config from the entries of one table/section that belong to us; keys that belong to us
+    but name no setting are described in ``unknown`` when a list is given."""
     fields = {}
     for key, value in values.items():
         normalized = key.replace("_", "-")
@@ -91,12 +102,14 @@ def from_mapping(values: dict, where: str, *, prefix: str = "") -> Config:
         field = SETTINGS.get(normalized)
         if field is not None:
             fields[field] = split_names(value, f"{where}: {key}")
+        elif unknown is not None:
+            unknown.append(unknown_setting(key, normalized, where))
     config = Config(**fields)
     # Settings extend the defaults, they never replace them.
     return DEFAULT.merged(config)
 
 
-def _read_pyproject(path: str) -> Config:
+def _read_pyproject(path: str, unknown: list) -> Config:
     try:
         import tomllib
     except ImportError:  # Python 3.10
@@ -114,10 +127,10 @@ def _read_pyproject(path: str) -> Config:
     table = data.get("tool", {}).get("kvguard", {})
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: [tool.kvguard] must be a table")
-    return from_mapping(table, f"{path} [tool.kvguard]")
+    return from_mapping(table, f"{path} [tool.kvguard]", unknown=unknown)
 
 
-def _read_flake8_section(path: str, section: str) -> Config:
+def _read_flake8_section(path: str, section: str, unknown: list) -> Config:
     parser = configparser.RawConfigParser()
     try:
         parser.read(path, encoding="utf-8")
@@ -125,10 +138,12 @@ def _read_flake8_section(path: str, section: str) -> Config:
         raise ConfigError(f"{path}: cannot parse: {str(exc).splitlines()[0]}") from None
     if not parser.has_section(section):
         return DEFAULT
-    return from_mapping(dict(parser.items(section)), f"{path} [{section}]", prefix=FLAKE8_PREFIX)
+    return from_mapping(dict(parser.items(section)), f"{path} [{section}]", prefix=FLAKE8_PREFIX,
+                        unknown=unknown)
 
 
 _project_configs: dict = {}
+_unknown: dict = {}  # root -> warnings about unknown settings, until someone tells the user
 
 
 def project_config(root: str) -> Config:
@@ -136,12 +151,20 @@ def project_config(root: str) -> Config:
     config = _project_configs.get(root)
     if config is None:
         config = DEFAULT
+        unknown: list = []
         pyproject = os.path.join(root, "pyproject.toml")
         if os.path.isfile(pyproject):
-            config = config.merged(_read_pyproject(pyproject))
+            config = config.merged(_read_pyproject(pyproject, unknown))
         for filename, section in FLAKE8_SECTIONS:
             path = os.path.join(root, filename)
             if os.path.isfile(path):
-                config = config.merged(_read_flake8_section(path, section))
+                config = config.merged(_read_flake8_section(path, section, unknown))
         _project_configs[root] = config
+        _unknown[root] = unknown
     return config
+
+
+def take_warnings(root: str) -> list:
+    """The warnings about the project's configuration not yet shown (each once per process):
+    unknown keys in ``[tool.kvguard]`` or ``kvguard-*`` keys of a flake8 section."""
+    return _unknown.pop(root, [])

@@ -99,6 +99,8 @@ class KVGChecker:
                     self._warned.add(root)
                     LOG.warning("kvguard: %s; using the flake8 options only", exc)
                 found = self.flake8_config
+            for message in config_module.take_warnings(root):
+                LOG.warning("kvguard: %s", message)
             self._configs[root] = found
         return found
 

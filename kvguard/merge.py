@@ -5,19 +5,27 @@ line, a ``violation`` line for the first occurrence of each (kind, call site) an
 ``KVGUARD_LOG_EVERY``, and a ``stats`` line per guard at exit. The merge counts each kind exactly
 where a process left its stats line, and otherwise from the occurrence numbers of its lines (a
 lower bound, shown as such). Bare ``Violation.to_dict()`` lines are read too.
+
+Files may be rotated and compressed (``kvguard.logfiles``): a process is one process across its
+rotation set, and many hosts' directories merge into one summary, per host as well as per kind.
+``--since`` keeps the records written from a time on.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
+import zlib
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from . import kinds
-from .records import is_bare_violation, is_kvguard, parse, problem
+from .logfiles import DESCRIPTION, collect_files, open_log, parse_since, rotation_set
+from .records import FORMAT_VERSION, is_bare_violation, is_kvguard, newer, parse, problem
+
+__all__ = ["Records", "collect_files", "load", "normalized", "of_run", "render", "since",
+           "summarize"]
 
 
 MAX_PROBLEMS_LISTED = 100
@@ -34,6 +42,12 @@ class Records:
     files: list = field(default_factory=list)
     problems: list = field(default_factory=list)
     """``(file, line, why)`` of every line skipped (line 0: the whole file could not be read)."""
+    formats: Counter = field(default_factory=Counter)
+    """Records read per format version (0: bare violations)."""
+    newer: Counter = field(default_factory=Counter)
+    """Records skipped per format version newer than this kvguard reads."""
+    since: float | None = None
+    """``--since``: only records written from this time on are here."""
 
     @property
     def skipped(self) -> int:
@@ -44,43 +58,28 @@ class Records:
         self.problems.append((path, line, why))
 
 
-def collect_files(paths) -> list:
-    """The ``*.jsonl`` files under each directory (recursively) and each file given, once each,
-    in a stable order. A path that does not exist is a ``ValueError``."""
-    found, seen = [], set()
-    for path in paths:
-        if os.path.isdir(path):
-            names = []
-            for root, _dirs, files in os.walk(path):
-                names += [os.path.join(root, f) for f in files if f.endswith(".jsonl")]
-            candidates = sorted(names)
-        elif os.path.isfile(path):
-            candidates = [path]
-        else:
-            raise ValueError(f"no such file or directory: {path}")
-        for f in candidates:
-            real = os.path.realpath(f)
-            if real not in seen:
-                seen.add(real)
-                found.append(f)
-    return found
-
-
 def load(files) -> Records:
     """Read kvguard records from JSON-lines files. A line that is not a well-formed kvguard
     record, or a file that cannot be read, is skipped and named in ``Records.problems``; every
     other line is still read."""
     records = Records(files=list(files))
+    instances: dict = {}  # rotation set -> {(host, pid): start time}, followed file to file
     for path in files:
-        instance: dict = {}
+        logged_as = (rotation_set(path) or (path, 0))[0]
+        instance = instances.setdefault(logged_as, {})
+        number = 0
         try:
-            with open(path, encoding="utf-8", errors="replace") as f:
+            with open_log(path) as f:
                 for number, line in enumerate(f, 1):
                     line = line.strip()
                     if line:
-                        _read_line(records, instance, path, number, line)
-        except OSError as exc:
-            records.skip(path, 0, f"cannot read the file: {exc.strerror or exc}")
+                        _read_line(records, instance, path, logged_as, number, line)
+        except (OSError, EOFError, zlib.error) as exc:
+            past = f" past line {number}" if number else ""
+            why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+            if isinstance(exc, EOFError):
+                why = "compressed data ends early (still being written, or cut short)"
+            records.skip(path, 0, f"cannot read the file{past}: {why}")
     return records
 
 
@@ -94,17 +93,47 @@ def of_run(records: Records, run: str) -> Records:
                    files=sorted({p[3] for p in mine}), problems=list(records.problems))
 
 
-def _read_line(records: Records, instance: dict, path: str, number: int, line: str) -> None:
+def since(records: Records, cutoff: float) -> Records:
+    """Only what was written from ``cutoff`` on. A process that started before it keeps its
+    lines from then on but not its ``stats`` lines (they count its whole life): its counts are
+    the occurrences after the last line it logged before ``cutoff`` (within ``KVGUARD_LOG_EVERY``
+    of the truth), shown as a lower bound."""
+    before: dict = defaultdict(int)
+    kept = []
+    for r in records.violations:
+        key = (r["process"], (r.get("guard") or {}).get("name", ""), r["violation"]["kind"],
+               _site(r["violation"]))
+        if r.get("time", 0) < cutoff:
+            before[key] = max(before[key], r.get("occurrence", 1))
+        else:
+            kept.append((key, r))
+    violations = [{**r, "occurrence": max(r.get("occurrence", 1) - before[key], 1)}
+                  for key, r in kept]
+    stats = [r for r in records.stats if r["process"][2] >= cutoff and r.get("time", 0) >= cutoff]
+    active = {r["process"] for r in violations + stats}
+    starts = [r for r in records.starts
+              if r["process"] in active or r.get("time", 0) >= cutoff]
+    return Records(violations=violations, stats=stats, starts=starts, files=records.files,
+                   problems=records.problems, formats=records.formats, newer=records.newer,
+                   since=cutoff)
+
+
+def _read_line(records: Records, instance: dict, path: str, logged_as: str, number: int,
+               line: str) -> None:
     record, why = parse(line)
     if record is not None:
+        version = newer(record) if is_kvguard(record) else None
+        if version is not None:
+            records.newer[version] += 1
         record, why = normalized(record)
     if record is None:
         records.skip(path, number, why)
         return
+    records.formats[record["kvguard"]] += 1
     who = (record.get("host", ""), record.get("pid", 0))
     if record["event"] == "start":
         instance[who] = record.get("time", 0)
-    record["process"] = (*who, instance.get(who, 0), path)
+    record["process"] = (*who, instance.get(who, 0), logged_as)
     record["file"] = path
     getattr(records, {"start": "starts", "stats": "stats",
                       "violation": "violations"}[record["event"]]).append(record)
@@ -122,6 +151,10 @@ def normalized(record: dict):
                   "violation": record}
     elif not is_kvguard(record):
         return None, "not a kvguard record"
+    version = newer(record)
+    if version is not None:
+        return None, (f"format version {version}, written by a newer kvguard (this one reads "
+                      f"up to {FORMAT_VERSION}): upgrade kvguard to read it")
     why = problem(record)
     if why is not None:
         return None, f"ill-formed {record.get('event')} record: {why}"
@@ -223,8 +256,19 @@ def summarize(records: Records, top: int = 10) -> dict:
         return {"host": host, "pid": pid, "file": path, "argv": processes[proc]["argv"],
                 "violations": sum(c for (p, _n, _k), c in counts.items() if p == proc)}
 
+    by_host: dict = {}
+    for proc in processes:
+        by_host.setdefault(proc[0], {"processes": 0, "violations": 0, "by_kind": Counter()})
+        by_host[proc[0]]["processes"] += 1
+    for (proc, _name, kind), c in counts.items():
+        by_host[proc[0]]["violations"] += c
+        by_host[proc[0]]["by_kind"][kind] += c
+
     return {
         "files": records.files,
+        "since": records.since,
+        "formats": {str(v): n for v, n in sorted(records.formats.items())},
+        "newer_formats": {str(v): n for v, n in sorted(records.newer.items())},
         "processes": [proc_dict(p) for p in sorted(processes, key=lambda p: (p[0], p[1], p[2]))],
         "violations": sum(counts.values()),
         "exact": exact,
@@ -239,6 +283,8 @@ def summarize(records: Records, top: int = 10) -> dict:
                              "violations": dict(a["violations"]), "sample": sorted(a["sample"]),
                              "modes": sorted(a["modes"])}
                          for c, a in sorted(by_allocator.items())},
+        "by_host": {h: {**e, "by_kind": dict(e["by_kind"].most_common())}
+                    for h, e in sorted(by_host.items())},
         "top_sites": [{**e, "processes": len(e["processes"])} for e in top_sites],
         "first": {k: {"pid": rec.get("pid"), "host": rec.get("host", ""), "file": rec["file"],
                       "guard": rec.get("guard") or {}, "violation": rec["violation"]}
@@ -255,8 +301,13 @@ def render(summary: dict) -> str:
     bad = sum(1 for p in procs if p["violations"])
     hosts = sorted({p["host"] for p in procs if p["host"]})
     at_least = "" if summary["exact"] or not n else "at least "
+    where = ", host " + ", ".join(hosts) if len(hosts) == 1 else f", {len(hosts)} hosts" if \
+        hosts else ""
     lines = [f"kvguard report: {at_least}{n} violation(s) in {bad} of {len(procs)} process(es)"
-             f" ({len(summary['files'])} file(s){', host ' + ', '.join(hosts) if hosts else ''})"]
+             f" ({len(summary['files'])} file(s){where})"]
+    if summary.get("since") is not None:
+        lines.append("since " + time.strftime("%Y-%m-%d %H:%M:%S %z",
+                                              time.localtime(summary["since"])))
     calls = sum(a["calls"] for a in summary["by_allocator"].values())
     guards = sum(a["guards"] for a in summary["by_allocator"].values())
     lines.append(f"guarded: {guards} allocator instance(s), {calls:,} calls checked")
@@ -266,6 +317,13 @@ def render(summary: dict) -> str:
         for kind, e in summary["by_kind"].items():
             lines.append(f"  {kind:<{width}}  {e['count']:>7,}  in {e['processes']} process(es)"
                          f"  {e['meaning']}")
+    if len(summary["by_host"]) > 1:
+        lines += ["", "by host:"]
+        width = max(len(h or "?") for h in summary["by_host"])
+        for host, e in summary["by_host"].items():
+            found = ", ".join(f"{k} {c:,}" for k, c in e["by_kind"].items())
+            lines.append(f"  {host or '?':<{width}}  {e['violations']:>7,}  in "
+                         f"{e['processes']} process(es)  {found or 'no violations'}")
     if summary["by_allocator"]:
         lines += ["", "by allocator:"]
         for cls, a in summary["by_allocator"].items():
@@ -294,6 +352,15 @@ def render(summary: dict) -> str:
             lines.append(f"  {e['count']:>7,}  {e['kind']:<17} {e['site']}  "
                          f"({e['processes']} process(es))")
     notes = []
+    if summary["newer_formats"]:
+        versions = ", ".join(summary["newer_formats"])
+        count = sum(summary["newer_formats"].values())
+        notes.append(f"{count:,} record(s) written by a newer kvguard (format version "
+                     f"{versions}; this one reads up to {FORMAT_VERSION}) were not read: "
+                     "upgrade kvguard to count them")
+    if summary.get("since") is not None and not summary["exact"] and n:
+        notes.append("--since: a process that started earlier is counted from its lines "
+                     "written since then (its stats line covers its whole life)")
     if not summary["exact"] and n:
         notes.append("some processes left no stats line (killed, or still running): their "
                      "counts are the lower bound their logged occurrences give")
@@ -336,17 +403,23 @@ def report_command(argv) -> int:
         "into one summary: per kind, per allocator, top call sites, and the first report of "
         "each kind in full. Exit status 1 when violations were found."))
     parser.add_argument("paths", nargs="+", metavar="DIR|FILE",
-                        help="directories (searched for *.jsonl) and files")
+                        help=f"directories (searched for {DESCRIPTION}; one per host is fine) "
+                             "and files")
+    parser.add_argument("--since", metavar="TIME",
+                        help="only records written since TIME: an ISO time (2026-12-01T09:30, "
+                             "...Z for UTC) or a span back from now (30m, 2h, 7d)")
     parser.add_argument("--format", choices=("text", "json"), default="text")
     parser.add_argument("--top", type=int, default=10, metavar="N",
                         help="call sites to list (default 10)")
     args = parser.parse_args(argv)
     try:
+        cutoff = parse_since(args.since) if args.since is not None else None
         files = collect_files(args.paths)
     except ValueError as exc:
         raise UsageError(f"kvguard report: error: {exc}") from None
     if not files:
-        raise UsageError(f"kvguard report: error: no *.jsonl files in {' '.join(args.paths)}")
+        raise UsageError(f"kvguard report: error: no *.jsonl files in {' '.join(args.paths)} "
+                         "(nor gzipped or rotated ones)")
     records = load(files)
     if not (records.violations or records.stats or records.starts):
         first = ""
@@ -356,6 +429,8 @@ def report_command(argv) -> int:
                      f"{path}{':' + str(line) if line else ''}: {why})")
         raise UsageError(f"kvguard report: error: no kvguard records in {len(files)} "
                          f"file(s){first}")
+    if cutoff is not None:
+        records = since(records, cutoff)
     summary = summarize(records, top=max(args.top, 0))
     if args.format == "json":
         json.dump(_jsonable(summary), sys.stdout, indent=2)

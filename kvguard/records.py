@@ -19,6 +19,30 @@ from . import kinds
 
 EVENTS = ("start", "stats", "violation")
 
+FORMAT_VERSION = 1
+"""The ``"kvguard"`` field staging writes in every record. It goes up on an incompatible change
+of the records (a field removed, retyped or given another meaning, a new required one); a new
+optional field keeps it. ``kvguard/schema/log-v{N}.json`` is each version's JSON Schema."""
+
+FORMATS = {0: "a bare Violation.to_dict() line", 1: "start/violation/stats records"}
+"""The format versions the readers know; a record of a newer one is skipped and counted."""
+
+
+def schema(version: int = FORMAT_VERSION) -> dict:
+    """The JSON Schema of one format version's records, as shipped in the package (format 0, a
+    bare violation, is the ``violation_report`` definition of version 1)."""
+    from importlib import resources
+    text = resources.files(__package__).joinpath("schema", f"log-v{version}.json").read_text(
+        encoding="utf-8")
+    return json.loads(text)
+
+
+def newer(record: dict):
+    """The format version of a record written by a newer kvguard than this one, else None."""
+    version = record.get("kvguard")
+    return version if _count(version) and version > FORMAT_VERSION else None
+
+
 MAX_DEPTH = 24
 """Deepest nesting a record may have; the deepest real field (a frame of a block's allocation
 stack) is six levels down. Deeper lines are junk, and would cost the readers their stack."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import zlib
 from dataclasses import dataclass, field
 
 
@@ -194,10 +195,11 @@ def _violation_records(path: str) -> list:
     records = load([path]).violations
     if records:
         return records
-    try:  # one pretty-printed Violation.to_dict(), or a list of them
-        with open(path, encoding="utf-8", errors="replace") as f:
+    from .logfiles import open_log
+    try:  # one pretty-printed Violation.to_dict(), or a list of them (gzipped or not)
+        with open_log(path) as f:
             data = json.load(f)
-    except (OSError, ValueError, RecursionError):
+    except (OSError, EOFError, zlib.error, ValueError, RecursionError):
         return []
     items = data if isinstance(data, list) else [data]
     out = []
@@ -264,7 +266,8 @@ def replay_command(argv) -> int:
     """``kvguard replay FILE``."""
     from .cli import Parser, UsageError
     parser = Parser(prog="kvguard replay", description=(
-        "Re-run the flight recorder of the reports in FILE (staging's JSON lines, or one "
+        "Re-run the flight recorder of the reports in FILE (staging's JSON lines, plain, "
+        "gzipped or rotated, or one "
         "Violation.to_dict()) against a model allocator, and show where the allocator's state "
         "first went wrong."))
     parser.add_argument("file", metavar="FILE")

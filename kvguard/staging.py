@@ -65,8 +65,7 @@ VARIABLES = {
 }
 """Every environment variable staging reads, with its meaning (``kvguard run --help`` too)."""
 
-FORMAT_VERSION = 1
-"""The ``"kvguard"`` field of every JSON line; ``kvguard report`` reads versions up to this."""
+from .records import FORMAT_VERSION  # noqa: E402  (the "kvguard" field of every JSON line)
 
 _OFF = ("", "0", "off", "false", "no")
 

@@ -215,6 +215,19 @@ class Ledger:
                     self.ref[b] = 1
                     self.uncertain.add(b)
 
+    def follow(self, live, clock: int) -> None:
+        """Make the live set exactly ``live``: the allocator's own word, after a call the guard
+        let through with bad input. Blocks it no longer holds are free as of ``clock``; blocks
+        it holds that the ledger had free or never saw are adopted."""
+        truth = set(live)
+        stamp, ref = self.stamp, self.ref
+        for b in self.live_ids():
+            if b not in truth:
+                stamp[b] = -clock
+                if ref is not None:
+                    ref[b] = 0
+        self.adopt([b for b in truth if not self.is_live(b)], clock)
+
     # --- queries ---
 
     def refcount(self, b: int) -> int:

@@ -125,6 +125,8 @@ class Manager:
     def _heard(self, guard, violation) -> None:
         """Every violation of every guard lands here, in the thread that made it."""
         trim_violation(violation)
+        if violation.extra.get("stepped_aside"):
+            self._raises.attach(violation)
         if self._fixtures:
             self._outside.append((self._fixtures[-1][1], violation))
             return
@@ -321,7 +323,7 @@ class Manager:
         return state.fixture
 
     def expect(self, state: TestState, kind) -> Expectation:
-        expectation = Expectation(state, kind)
+        expectation = Expectation(state, kind, self._raises)
         state.expectations.append(expectation)
         return expectation
 

@@ -108,6 +108,8 @@ def freeing(name):
                             raise
                         guard._internal_error(exc)
                         return original(*args, **kwargs)
+                    if plan.aside:
+                        return guard._forward_aside(original, args, kwargs, plan)
                     routed = guard._protect(guard._route_free, plan, args, kwargs)
                     args, kwargs, forward = routed or (args, kwargs, True)
                     result = original(*args, **kwargs) if forward else None
@@ -145,9 +147,12 @@ def checking(name):
                             raise
                         guard._internal_error(exc)
                         violations = []
+                    aside = bool(violations) and guard._stepping_aside(violations[0].kind)
                     for v in violations:
+                        if aside:
+                            v.extra["stepped_aside"] = True
                         guard._record(v)
-                if violations and guard.mode == "raise":
+                if violations and guard.mode == "raise" and not aside:
                     raise error_for(violations[0])
                 if violations and guard.mode == "repair":
                     return None  # a malformed argument cannot be sanitized: the call is dropped

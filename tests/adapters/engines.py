@@ -73,6 +73,17 @@ def source(package: Path, inner: str) -> Path:
     return target
 
 
+class _OneModule:
+    """A meta path finder that finds one module, at its extracted file."""
+
+    def __init__(self, dotted: str, spec) -> None:
+        self.dotted = dotted
+        self.spec = spec
+
+    def find_spec(self, fullname, path=None, target=None):
+        return self.spec if fullname == self.dotted else None
+
+
 class Modules:
     """The modules one loader put into ``sys.modules``: removed again by ``close()``."""
 
@@ -105,15 +116,20 @@ class Modules:
         return module
 
     def load(self, package: Path, inner: str, dotted: str) -> types.ModuleType:
-        """Execute ``inner`` from ``package`` as module ``dotted``."""
+        """Execute ``inner`` from ``package`` as module ``dotted``, imported through the import
+        system as the installed engine would be, so import hooks see it (``kvguard.instrument()``
+        guards the registered classes of a module imported while it is on)."""
         path = source(package, inner)
         parent = dotted.rpartition(".")[0]
         if parent:
             self.package(parent)
-        spec = importlib.util.spec_from_file_location(dotted, path)
-        module = importlib.util.module_from_spec(spec)
-        self._add(dotted, module)
-        spec.loader.exec_module(module)
+        finder = _OneModule(dotted, importlib.util.spec_from_file_location(dotted, path))
+        sys.meta_path.append(finder)
+        try:
+            module = importlib.import_module(dotted)
+        finally:
+            sys.meta_path.remove(finder)
+        self.added.append(dotted)
         return module
 
     def load_class(self, package: Path, inner: str, dotted: str, name: str, **namespace):
@@ -290,7 +306,8 @@ def _sglang(package, modules):
     token = modules.load(package, "sglang/srt/mem_cache/allocator/token.py", f"{allocator}.token")
     # paged.py: the Triton kernels stay unused (the platform says no Triton, so the torch
     # fallbacks alloc_extend_naive / alloc_decode_naive of the same file run), and four helpers
-    # of sglang.srt.utils, the last one as in sglang/srt/utils/common.py.
+    # of sglang.srt.utils as in sglang/srt/utils/common.py (get_bool_env_var without its
+    # warning on unrecognized values: SGLANG_DEBUG_MEMORY_POOL=1 turns debug mode on).
     _placeholders(modules, "sglang.kernels.ops.memory.allocator", "alloc_decode_kernel",
                   "alloc_extend_kernel")
     capabilities = types.SimpleNamespace(supports_triton=False)
@@ -304,7 +321,10 @@ def _sglang(package, modules):
         before = (prefix_lens + page_size - 1) // page_size
         return torch.sum(after - before).to(torch.int64).item()
 
-    modules.stub("sglang.srt.utils", get_bool_env_var=lambda name, default="false": False,
+    def get_bool_env_var(name, default="false"):
+        return os.getenv(name, default).lower() in ("true", "1")
+
+    modules.stub("sglang.srt.utils", get_bool_env_var=get_bool_env_var,
                  get_num_new_pages=get_num_new_pages, is_hip=lambda: False,
                  next_power_of_2=lambda n: 1 << (n - 1).bit_length())
     paged = modules.load(package, "sglang/srt/mem_cache/allocator/paged.py", f"{allocator}.paged")

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import kvguard
+from kvguard.guard import step_aside_when
 from kvguard.adapters.sglang import PAGED_ALLOCATOR, REQ_TO_TOKEN_POOL, SPECS, TOKEN_ALLOCATOR
 
 from . import engines
@@ -397,3 +398,51 @@ def test_cuda_slots_views_groups_and_pages(sg):
         p.free(tokens[:1])
     p.free(out)
     assert gp.live == {} and gp.check() == {None: (0, 0)}
+
+
+def debug_paged_allocator(sg, monkeypatch):
+    """The paged allocator as SGLang's ``TestPagedAllocatorDebugModeCPU`` builds it: debug mode
+    (``SGLANG_DEBUG_MEMORY_POOL=1``) checks the free list for a page twice after every free."""
+    monkeypatch.setenv("SGLANG_DEBUG_MEMORY_POOL", "1")
+    return sg.PagedTokenToKVPoolAllocator(size=64, page_size=4, dtype=torch.int64, device="cpu",
+                                          kvcache=None, need_sort=False)
+
+
+def test_stepping_aside_lets_the_debug_check_see_a_double_free(sg, monkeypatch):
+    """A guard told to step aside (as the plugin does inside ``assertRaises(AssertionError)``)
+    records the double free and lets it reach SGLang, whose debug-mode check raises. The ledger
+    then follows the allocator: the page is free in both, and ``check()`` agrees from here."""
+    a = debug_paged_allocator(sg, monkeypatch)
+    assert a.debug_mode
+    g = kvguard.guard(a)
+    out = a.alloc(4)
+    a.free(out)
+    asked = []
+    remove = step_aside_when(lambda error: asked.append(error) or True)
+    try:
+        with pytest.raises(AssertionError):
+            a.free(out)  # SGLang's own: the page is on its free list twice now
+    finally:
+        remove()
+    assert asked == [kvguard.DoubleFreeError]
+    (v,) = g.violations
+    assert v.kind == "double-free" and v.extra["stepped_aside"] is True
+    page = out[0].item() // 4
+    assert a.free_pages.tolist().count(page) == 2 and page not in g.live
+    assert g.check()[None][0] == g.check()[None][1]
+    assert g.live == {}
+    first = a.alloc(4)  # the ledger goes on from the allocator as it is now: corrupt
+    assert first[0].item() // 4 == page and sorted(g.live) == [page]
+    with pytest.raises(kvguard.SharedBlockError):
+        a.alloc(4)  # the page's second copy on the free list
+
+
+def test_without_stepping_aside_the_guard_raises_first(sg, monkeypatch):
+    a = debug_paged_allocator(sg, monkeypatch)
+    kvguard.guard(a)
+    out = a.alloc(4)
+    a.free(out)
+    before = a.free_pages.tolist(), a.available_size()
+    with pytest.raises(kvguard.DoubleFreeError):
+        a.free(out)
+    assert (a.free_pages.tolist(), a.available_size()) == before

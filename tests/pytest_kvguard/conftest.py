@@ -4,7 +4,7 @@ Modules a pytester run imports are dropped from ``sys.modules`` afterwards; nump
 (its pytest plugin imports it at the end of every run), kvguard and its examples are imported
 here first, so they are loaded once and stay loaded.
 Every test checks that the run it made left kvguard as it found it: the registry, the
-subscribers, instrumentation, the raises contexts and the gc hook.
+subscribers, instrumentation, the raises contexts, stepping aside and the gc hook.
 """
 
 import gc
@@ -50,8 +50,9 @@ SWALLOWED = """
 def _run_leaves_kvguard_as_it_was():
     specs, builtins_loaded = dict(registry._specs), registry._builtins_loaded
     subscribers = list(guard_module._subscribers)
-    exits = {cls: cls.__dict__["__exit__"] for cls in (pytest_raises.RaisesExc,
-                                                       pytest_raises.RaisesGroup)}
+    exits = {(cls, name): cls.__dict__[name]
+             for cls in (pytest_raises.RaisesExc, pytest_raises.RaisesGroup)
+             for name in ("__enter__", "__exit__")}
     yield
     registry._specs.clear()
     registry._specs.update(specs)
@@ -61,8 +62,9 @@ def _run_leaves_kvguard_as_it_was():
     assert not [cb for cb in gc.callbacks
                 if type(getattr(cb, "__self__", None)).__module__.startswith("pytest_kvguard")
                 ], "the run left its gc callback"
-    for cls, exit_ in exits.items():
-        assert cls.__dict__["__exit__"] is exit_, f"the run left {cls.__name__} patched"
+    for (cls, name), method in exits.items():
+        assert cls.__dict__[name] is method, f"the run left {cls.__name__}.{name} patched"
+    assert guard_module._step_aside[0] is None, "the run left guards stepping aside"
 
 
 @pytest.fixture

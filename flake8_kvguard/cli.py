@@ -201,9 +201,10 @@ def main(argv=None, *, out=None, err=None) -> int:
     err = err or sys.stderr
     try:
         options = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+        from .engine import SKIPPED
         from .rules import CODES
 
-        select = _select(options.select, CODES)
+        select = _select(options.select, CODES + (SKIPPED,))
         files = _files(options.paths)
         run = _Run(options, select, out, err)
         for path in files:

@@ -11,12 +11,19 @@ import sys
 
 import libcst as cst
 
-from . import analysis, positions, slicing
+from . import analysis, depth, positions, slicing
 from .cstutil import source_of
 from .prefilter import prefilter_for
 from .rules import RULES
 
 MAX_SOURCE = 20_000_000  # characters; bigger files are generated data, not code
+
+# Not a rule: the one line that says a file was not analyzed (see depth.py).
+SKIPPED = "KVG000"
+SKIPPED_MESSAGE = (
+    "KVG000 file not checked: {reason} on line {line}, deeper than kvguard's parser "
+    "handles safely; no KVG rule ran on this file"
+)
 
 
 class Finding:
@@ -69,13 +76,16 @@ class Context(analysis.Analysis):
         return name not in self.imports and name not in self.shadowed and scope.lookup(name) is None
 
 
-def parse(source):
-    """The libcst module, or None for anything that is not valid Python to libcst."""
-    if isinstance(source, bytes):
-        if len(source) > MAX_SOURCE * 4:
-            return None
-    elif len(source) > MAX_SOURCE:
+def parse(source, *, scanned=False):
+    """The libcst module, or None for anything that is not valid Python to libcst, or
+    that is nested too deep for libcst to parse safely (depth.py; `scanned` when the
+    caller has checked that already)."""
+    if len(source) > (MAX_SOURCE * 4 if isinstance(source, bytes) else MAX_SOURCE):
         return None
+    if not scanned:
+        text = source.decode("latin-1") if isinstance(source, bytes) else source
+        if depth.too_deep(text) is not None:
+            return None
     try:
         return cst.parse_module(source)
     except (
@@ -142,16 +152,20 @@ def lint_source(source, config, index, *, use_prefilter=True, tree=None):
     `index` is the project index or a function returning it, called only for files
     that pass the pre-filter; `tree` is the stdlib ast of the source when the caller
     has one (flake8 does). Anything libcst cannot parse yields no finding (flake8
-    reports it as E999)."""
+    reports it as E999); valid Python nested too deep to parse safely yields the one
+    KVG000 line that says so."""
+    text = source if isinstance(source, str) else source.decode("latin-1")
     if use_prefilter:
-        text = source if isinstance(source, str) else source.decode("latin-1")
         prefilter = prefilter_for(config)
         if not prefilter.has_free_call(text):
             if not prefilter.has_tensor_hashing(text, index):
                 return []
             if isinstance(source, str):
                 source = slicing.reduce(source, tree) or source
-    module = parse(source)
+    deep = depth.too_deep(text)
+    if deep is not None:
+        return _skipped(text, deep, tree)
+    module = parse(source, scanned=True)
     if module is None:
         return []
     if callable(index):
@@ -160,6 +174,23 @@ def lint_source(source, config, index, *, use_prefilter=True, tree=None):
         return analyze(module, config, index)
     except RecursionError:
         return []
+
+
+def _skipped(text, deep, tree):
+    """The KVG000 finding for a file too deep to parse, unless it is not Python at all
+    (flake8 reports that as E999, and so the file gets one line either way)."""
+    line, reason = deep
+    if tree is None:
+        import ast
+
+        try:
+            ast.parse(text)
+        except SyntaxError:
+            return []
+        except (RecursionError, MemoryError):
+            pass  # Python itself gives up on it: still code, too deep to check
+    message = SKIPPED_MESSAGE.format(reason=reason, line=line)
+    return [Finding(SKIPPED, line, 0, message)]
 
 
 def selected(code: str, select) -> bool:

@@ -103,6 +103,16 @@ def guard_of(allocator):
         return None
 
 
+def engine_method(obj, name):
+    """``obj.name``, past the class-level dispatcher ``kvguard.registry`` puts on instrumented
+    classes: what a guard wraps and forwards to is the engine's own function."""
+    method = getattr(obj, name)
+    func = getattr(getattr(method, "__func__", method), "__kvguard_function__", None)
+    if func is None:
+        return method
+    return func.__get__(obj) if not isinstance(obj, type) else func
+
+
 class Stats:
     """Counters a guard keeps; ``to_dict()`` is what summaries and JSON reports show."""
 
@@ -278,7 +288,7 @@ class Guard:
         } if spec.pool_arg is not None else {}
         self._seed(allocator)
         self.ledger(self._default_pool())
-        self._bound = {m: getattr(allocator, m) for m in spec.methods()}
+        self._bound = {m: engine_method(allocator, m) for m in spec.methods()}
         self._install()
         own[_ATTR] = self
         _GUARDS.add(self)
@@ -377,7 +387,7 @@ class Guard:
         own = self._originals.get(method, _MISSING)
         if own is not _MISSING:
             return own
-        return getattr(type(allocator), method).__get__(allocator)
+        return engine_method(type(allocator), method).__get__(allocator)
 
     @property
     def guarded(self) -> bool:

@@ -4,6 +4,14 @@
 built-in engine specs cost nothing until the engine itself is imported. ``instrument()`` patches
 ``__init__`` of every registered class already imported, and installs a post-import hook (a
 ``sys.meta_path`` finder that wraps the loader) for those imported later.
+
+A guard shadows methods on its instance, so a call through the class
+(``BlockPool.free_blocks(pool, blocks)``) would find the engine's function and pass the guard.
+While instrumented, the first guarded instance of a class also puts a dispatcher on the class
+for each method its guard shadows: a class-level call on a guarded instance goes to that
+instance's guard, on an unguarded one to the engine's function. Instance calls never meet the
+dispatcher (the instance attribute comes first, and the guard forwards to the function it
+wraps); ``uninstrument()`` takes the dispatchers off again.
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ from __future__ import annotations
 import functools
 import importlib.abc
 import importlib.util
+import inspect
 import sys
 import threading
 
@@ -20,6 +29,7 @@ _specs: dict[str, AllocatorSpec] = {}
 _builtins_loaded = False
 _instrumented: dict | None = None  # guard() keywords while instrument() is on
 _patched: dict[type, object] = {}  # class -> its original __init__ (or _ABSENT)
+_dispatched: dict[tuple, object] = {}  # (class, method name) -> the function it defined
 _ABSENT = object()
 _lock = threading.RLock()
 _constructing = threading.local()
@@ -112,6 +122,9 @@ def uninstrument() -> None:
             sys.meta_path.remove(_FINDER)
         for cls in list(_patched):
             _unpatch(cls)
+        for (cls, name), func in list(_dispatched.items()):
+            setattr(cls, name, func)
+        _dispatched.clear()
 
 
 def _resolve(name: str):
@@ -180,12 +193,47 @@ def _guard_new(obj) -> None:
         return
     options = _instrumented or {}
     try:
-        guard(obj, **options)
+        g = guard(obj, **options)
     except Exception as exc:
         if options.get("on_violation", "raise") == "raise":
             raise
         from .guard import logger
         logger.error("kvguard: could not guard a new %s: %r", type(obj).__qualname__, exc)
+        return
+    shadowed = [name for name, value in vars(obj).items()
+                if getattr(value, "__kvguard__", None) is g]
+    with _lock:
+        if _instrumented is not None:
+            for name in shadowed:
+                _dispatch(type(obj), name)
+
+
+def _dispatch(cls: type, name: str) -> None:
+    """Put a dispatcher for method ``name`` on the class that defines it (see the module
+    docstring). Only a call that ``type(self)`` resolves to that class's function is
+    dispatched: a subclass's override calling ``super().name()`` is part of the override and
+    runs the function itself, so a wrapper that forwards to the override never comes back."""
+    owner = next((k for k in cls.__mro__ if name in k.__dict__), None)
+    if owner is None or owner.__module__ == "builtins" or (owner, name) in _dispatched:
+        return
+    func = owner.__dict__[name]
+    if not inspect.isfunction(func) or hasattr(func, "__kvguard_function__"):
+        return
+
+    @functools.wraps(func)
+    def dispatcher(self, *args, **kwargs):
+        if getattr(type(self), name, None) is dispatcher:
+            wrapper = getattr(self, "__dict__", _EMPTY).get(name)
+            if getattr(wrapper, "__kvguard__", None) is not None:
+                return wrapper(*args, **kwargs)
+        return func(self, *args, **kwargs)
+
+    dispatcher.__kvguard_function__ = func
+    _dispatched[(owner, name)] = func
+    setattr(owner, name, dispatcher)
+
+
+_EMPTY: dict = {}
 
 
 class _PostImportFinder(importlib.abc.MetaPathFinder):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 
-from ..guard import _MISSING
+from ..guard import _MISSING, engine_method
 from ..errors import error_for
 from ..ids import normalize
 from ..ledger import _current_owner
@@ -40,7 +40,7 @@ def _shadow(guard, name, build):
     allocator = guard.allocator
     if name in guard.spec.methods():
         raise TypeError(f"{name}() is already guarded by the spec itself")
-    original = getattr(allocator, name, None)
+    original = engine_method(allocator, name) if hasattr(allocator, name) else None
     if not callable(original):
         return  # another version of the engine, without this method: nothing to guard
     own = vars(allocator)

@@ -272,6 +272,50 @@ def test_regression_sglang_36739_second_free_group_end(sg):
                                 for f in info.value.violation.to_dict()["call_stack"]]
 
 
+def test_class_level_calls_with_overrides_that_call_super(sg):
+    """While instrumented, class-level calls reach the instance's guard (see kvguard.registry),
+    also where a subclass overrides a guarded method and calls ``super()``, and where a wrapper
+    forwards without holding the guard's lock (``checking``, ``settled``): those inner calls
+    run the engine's function and never come back to the wrapper."""
+    kvguard.instrument()
+    token = sg.TokenToKVPoolAllocator
+    base = token_allocator(sg)
+    sub = token_allocator(sg, cls=before_fix_36739(token))
+    paged = paged_allocator(sg)
+    gb, gs, gp = (kvguard.guard_of(a) for a in (base, sub, paged))
+    x = sub.alloc(2)
+    sub.free(x)  # the override calls super().free(): the base function, counted once
+    assert gs.live == {} and gs.stats.free_calls == 1 and sub.available_size() == 8
+    y = base.alloc(2)
+    token.free(base, y)
+    with pytest.raises(kvguard.DoubleFreeError):
+        token.free(base, y[:1])
+    z = sub.alloc(1)
+    type(sub).free(sub, z)
+    with pytest.raises(kvguard.DoubleFreeError):
+        type(sub).free(sub, z)
+    assert (base.available_size(), sub.available_size()) == (8, 8)
+    sub.free_group_begin()
+    type(sub).free(sub, sub.alloc(1))
+    type(sub).free_group_end(sub)
+    token.free_group_begin(base)
+    token.free(base, base.alloc(1))
+    token.free_group_end(base)
+    assert gb.live == {} and gs.live == {} and gb.check() == gs.check() == {None: (0, 0)}
+
+    tokens = sg.PagedTokenToKVPoolAllocator.alloc(paged, 8)
+    assert len(gp.live) == 2
+    paged.free_group_begin()
+    sg.PagedTokenToKVPoolAllocator.free(paged, tokens[:4])
+    sg.PagedTokenToKVPoolAllocator.free_group_end(paged)  # super() into the base's end
+    with pytest.raises(kvguard.BoolIdError):
+        sg.PagedTokenToKVPoolAllocator.free(paged, tokens > 0)
+    with pytest.raises(kvguard.DoubleFreeError):
+        sg.PagedTokenToKVPoolAllocator.free(paged, tokens[:1])
+    assert len(gp.live) == 1 and gp.check() == {None: (-1, -1)}
+    assert len(gb.violations) + len(gs.violations) + len(gp.violations) == 4
+
+
 def test_clear_returns_every_slot(sg):
     a = token_allocator(sg)
     g = kvguard.guard(a)

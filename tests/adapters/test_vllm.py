@@ -322,3 +322,38 @@ def test_guard_cache_verifies_a_block_revived_by_touch(vllm):
     pool.free_blocks(a)  # freed again: fresh checksums, so the old write is reported once
     pool.touch(a)
     assert len(g.violations) == 1 and cg.stats.violations == 1
+
+
+def test_class_level_calls_reach_the_instance_guard_while_instrumented(vllm):
+    """``BlockPool.free_blocks(pool, blocks)`` looks the method up on the class, past the
+    instance's guard. While instrumented, the registry patches the guarded methods of the class
+    with a dispatcher: a class-level call on a guarded pool goes through its guard, one on an
+    unguarded pool runs the engine's function, and a guarded pool's own calls never pass the
+    dispatcher (the guard forwards to the engine's function itself)."""
+    engine_free = vllm.BlockPool.__dict__["free_blocks"]
+    unguarded = pool_of(vllm)  # made before instrument(): never guarded
+    kvguard.instrument()
+    pool = pool_of(vllm)
+    g = kvguard.guard_of(pool)
+    assert vllm.BlockPool.__dict__["free_blocks"] is not engine_free
+    assert pool.__dict__["free_blocks"].__wrapped__.__func__ is engine_free
+    a, b = vllm.BlockPool.get_new_blocks(pool, 2)
+    assert sorted(g.live) == sorted([a.block_id, b.block_id])
+    vllm.BlockPool.touch(pool, [a])
+    vllm.BlockPool.free_blocks(pool, [a, b])
+    assert (g.stats.alloc_calls, g.stats.share_calls, g.stats.free_calls) == (1, 1, 1)
+    with pytest.raises(kvguard.DoubleFreeError):
+        vllm.BlockPool.free_blocks(pool, [b])
+    with pytest.raises(kvguard.DuplicateIdError):
+        vllm.BlockPool.unpin_blocks(pool, [a, a])  # an adapter's method is dispatched too
+    assert (a.ref_cnt, b.ref_cnt) == (1, 0) and queue(pool)[1] == 6
+
+    (c,) = vllm.BlockPool.get_new_blocks(unguarded, 1)  # unguarded: the engine's own code
+    vllm.BlockPool.free_blocks(unguarded, [c])
+    vllm.BlockPool.free_blocks(unguarded, [c])
+    assert c.ref_cnt == -1
+    g.unguard()
+    vllm.BlockPool.free_blocks(pool, [a])  # unguarded now: straight through
+    assert a.ref_cnt == 0 and len(g.violations) == 2
+    kvguard.uninstrument()
+    assert vllm.BlockPool.__dict__["free_blocks"] is engine_free

@@ -745,15 +745,20 @@ class Guard:
                     for pool, ids in pools:
                         self.ledger(pool).follow(result_ids(ids, spec.id_attr, spec.skip).ids,
                                                  clock)
-            now = self._free_count(allocator)
-            if isinstance(now, dict):
-                keyed = spec.pool_arg is not None
-                self._baseline = {pool: count - self._expected_delta(pool if keyed else None)
-                                  for pool, count in now.items()}
-            elif now is not None:
-                self._baseline = now - sum(self._expected_delta(p) for p in self._ledgers)
+            self._rebase(allocator)
         except Exception as exc:
             self._internal_error(exc)
+
+    def _rebase(self, allocator) -> None:
+        """``check()`` compares the allocator's free count from here on: its present count
+        stands for the ledger's present state (after a call the guard let through, a resize)."""
+        now = self._free_count(allocator)
+        if isinstance(now, dict):
+            keyed = self.spec.pool_arg is not None
+            self._baseline = {pool: count - self._expected_delta(pool if keyed else None)
+                              for pool, count in now.items()}
+        elif now is not None:
+            self._baseline = now - sum(self._expected_delta(p) for p in self._ledgers)
 
     def _route_free(self, plan, args, kwargs):
         """Decide what the allocator receives: the call itself, a repaired one, or the ids

@@ -211,13 +211,7 @@ def _follow_resize(guard, site) -> None:
             size = per_pool(sizes, pool)
             if ledger.size is not None and size is not None:
                 ledger.resize(int(size))
-    now = guard._free_count(allocator)
-    if isinstance(now, dict):
-        keyed = spec.pool_arg is not None
-        guard._baseline = {p: c - guard._expected_delta(p if keyed else None)
-                           for p, c in now.items()}
-    elif now is not None:
-        guard._baseline = now - sum(guard._expected_delta(p) for p in guard._ledgers)
+    guard._rebase(allocator)
 
 
 def _forget_all(guard, site) -> None:

@@ -1,9 +1,11 @@
 """The built-in specs: one module per engine, registered by dotted name, and lazy."""
 
+import re
 import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -89,3 +91,68 @@ def test_instrument_guards_an_engine_module_imported_later(tmp_path, monkeypatch
         kvguard.uninstrument()
         for name in [m for m in sys.modules if m == "deepspeed" or m.startswith("deepspeed.")]:
             sys.modules.pop(name)
+
+
+DOC_TABLES = {
+    "DeepSpeed 0.19.8 `BlockedAllocator`": ("deepspeed", "BlockedAllocator"),
+    "vLLM 0.33.0 `BlockPool`": ("vllm", "BlockPool"),
+    "SGLang 0.5.23 `TokenToKVPoolAllocator` (page size 1)": ("sglang", "TokenToKVPoolAllocator"),
+    "SGLang 0.5.23 `PagedTokenToKVPoolAllocator`": ("sglang", "PagedTokenToKVPoolAllocator"),
+    "SGLang 0.5.23 `ReqToTokenPool`": ("sglang", "ReqToTokenPool"),
+    "Hugging Face transformers 5.24.0 `CachePool`": ("transformers", "CachePool"),
+    "LMCache 0.5.6 `PagedTensorMemoryAllocator`": ("lmcache", "PagedTensorMemoryAllocator"),
+}
+
+
+def method_table(title):
+    """``{method name: guarded column}`` of one per-engine table in docs/engines.md."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "engines.md").read_text()
+    section = text.split(f"### {title}\n", 1)[1].split("\n#", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if not line.startswith("|") or cells[0] in ("method", "---"):
+            continue
+        for name in re.findall(r"`([\w.]+)", cells[0]):
+            if "." not in name:  # TensorMemoryObj.ref_count_down: another class's method
+                rows[name] = cells[1]
+        rows.update({f"{n}s": cells[1] for n in re.findall(r"`(\w+)\(s\)", cells[0])})
+    return rows
+
+
+def an_instance(engine, ns, name):
+    import torch
+
+    cls = getattr(ns, name)
+    if engine == "deepspeed":
+        return cls(8)
+    if engine == "vllm":
+        return cls(num_gpu_blocks=8, enable_caching=True, hash_block_size=16)
+    if name == "ReqToTokenPool":
+        return cls(size=4, max_context_len=8, device="cpu", enable_memory_saver=False)
+    if engine == "sglang":
+        extra = {"page_size": 4} if name.startswith("Paged") else {}
+        return cls(size=32, dtype=torch.float16, device="cpu", kvcache=None, need_sort=False,
+                   **extra)
+    if engine == "transformers":
+        return cls(num_sectors=4, num_allocators=2)
+    shape = torch.Size([2, 1, 4, 8])  # one page: 128 bytes
+    return cls(torch.zeros(4 * 128, dtype=torch.uint8), [shape], [torch.float16],
+               ns.MemoryFormat.KV_2LTD)
+
+
+@pytest.mark.parametrize("title", list(DOC_TABLES))
+def test_the_engines_doc_tables_name_real_methods_and_every_guarded_one(title):
+    """docs/engines.md's per-engine tables cannot drift from the engines' code: each method they
+    name exists on the real class, and each method a guard shadows is listed as guarded."""
+    engine, name = DOC_TABLES[title]
+    rows = method_table(title)
+    with engines.loaded(engine) as ns:
+        allocator = an_instance(engine, ns, name)
+        g = kvguard.guard(allocator)
+        missing = [m for m in rows if not hasattr(allocator, m)]
+        assert missing == [], f"{title} lists methods the class does not have"
+        shadowed = sorted(m for m, v in vars(allocator).items()
+                          if getattr(v, "__kvguard__", None) is g)
+        assert shadowed and all(rows.get(m) == "yes" for m in shadowed), (shadowed, rows)
+        g.unguard()

@@ -8,6 +8,9 @@ built exactly as staging builds them (``StagingConfig.guard_options()``): log mo
 ``KVGUARD_SAMPLE=100`` (full stacks for one call in 100, every call checked and counted) against
 the target of 1.2x raw on the fast pure-Python allocator, beside staging's other settings for
 comparison, and on DeepSpeed 0.19.8's own BlockedAllocator when its sdist is in the engine cache.
+With ``prometheus_client`` installed: the same staged run with kvguard's collector on a registry
+scraped every 10 ms from another thread, against no collector (the metrics add nothing per call;
+what shows is a scrape's share of the interpreter).
 Each line gives the ratio and the absolute cost added per operation, which is what carries over
 to an allocator of another speed. Then the start-up hook: the ``kvguard.pth`` line
 without ``KVGUARD`` (what every Python process pays), and interpreter start with ``KVGUARD=1``.
@@ -20,13 +23,14 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import timeit
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import kvguard  # noqa: E402
-from bench_guard import compare, load_deepspeed_allocator  # noqa: E402
+from bench_guard import compare, load_deepspeed_allocator, timed  # noqa: E402
 from kvguard.examples import LINKED_FREE_LIST_SPEC, LinkedFreeList  # noqa: E402
 from kvguard.staging import StagingConfig  # noqa: E402
 from trace import ValidatingFreeList, make_trace, pool_size  # noqa: E402
@@ -50,6 +54,35 @@ def staged(cls, n, config):
     allocator = cls(n)
     kvguard.guard(allocator, SPECS[cls], **config.guard_options())
     return allocator
+
+
+def scraped_costs(ops, n, rounds):
+    """Median seconds of a staged run without and with the metrics collector scraped every
+    10 ms by another thread, alternated round by round; None without prometheus_client."""
+    try:
+        import prometheus_client
+    except ImportError:
+        return None
+    from kvguard import metrics
+    config = SETTINGS["KVGUARD_SAMPLE=100"]
+    times = {"unscraped": [], "scraped": []}
+    for _ in range(rounds):
+        times["unscraped"].append(timed(lambda: staged(ValidatingFreeList, n, config), ops))
+        registry = prometheus_client.CollectorRegistry()
+        metrics.register(registry)
+        stop = threading.Event()
+
+        def scrape(registry=registry, stop=stop):
+            while not stop.wait(0.01):
+                prometheus_client.generate_latest(registry)
+        scraper = threading.Thread(target=scrape, daemon=True)
+        scraper.start()
+        try:
+            times["scraped"].append(timed(lambda: staged(ValidatingFreeList, n, config), ops))
+        finally:
+            stop.set()
+            scraper.join()
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def startup_costs(repeat: int = 15) -> tuple:
@@ -119,6 +152,14 @@ def main() -> int:
         print(f"DeepSpeed 0.19.8 BlockedAllocator (its own code): raw "
               f"{med['raw'] / len(ds_ops) * 1e6:.1f} us/op; log mode, KVGUARD_SAMPLE=100 "
               f"{med['staged'] / med['raw']:.2f}x (+{extra:.2f} us/op)")
+    scraped = scraped_costs(ops, n, args.rounds)
+    if scraped is None:
+        print("prometheus_client not installed: the metrics' scrape cost not measured")
+    else:
+        extra = (scraped["scraped"] - scraped["unscraped"]) / len(ops) * 1e6
+        print(f"metrics: ValidatingFreeList staged (KVGUARD_SAMPLE=100) while /metrics is scraped "
+              f"every 10 ms: {scraped['scraped'] / scraped['unscraped']:.2f}x unscraped "
+              f"({extra:+.2f} us/op)")
     per_line, cold, hot = startup_costs()
     print(f"start-up hook: the kvguard.pth line costs {per_line * 1e9:.0f} ns without KVGUARD; "
           f"python -c <hook>: {cold * 1e3:.1f} ms without KVGUARD, {hot * 1e3:.1f} ms with "

@@ -117,6 +117,17 @@ class Totals:
                 gauges.update(g)
         return dict(counters), dict(gauges)
 
+    def after_fork_in_child(self) -> dict:
+        """In a forked child: fresh locks (another thread may have held ours at the fork), and
+        the counters as they stand, read without taking any guard's lock (the forking thread is
+        the only one left, and a lock held at the fork would never be released)."""
+        self._lock = threading.Lock()
+        counters = Counter(self.retired)
+        for guard, last in list(self._seen.items()):
+            figures = {**guard.stats.to_dict(), "seeded": last["seeded"]}
+            counters.update(_figures_to_samples(_identity(guard), figures)[0])
+        return dict(counters)
+
     def _retire(self, identity, stats, last) -> None:
         figures = {**stats.to_dict(), "seeded": last["seeded"]}
         counters, _gauges = _figures_to_samples(identity, figures)
@@ -210,8 +221,8 @@ class MultiprocessWriter:
     def after_fork_in_child(self) -> None:
         """A forked child writes its own files: it counts only what it does from now on."""
         self._push_lock = threading.Lock()
-        counters, _gauges = self.totals.read()
-        self._pushed = dict(counters)
+        self._stop = threading.Event()
+        self._pushed = self.totals.after_fork_in_child()
         self.start()
 
     def stop(self) -> None:

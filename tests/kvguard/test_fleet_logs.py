@@ -3,6 +3,7 @@ its format version; rotated and compressed files as logrotate leaves them; --sin
 records of a newer format said so, never misread."""
 
 import copy
+import gc
 import gzip
 import hashlib
 import json
@@ -112,6 +113,11 @@ def every_kind_of_record(tmp_path):
             shared.free(s)                                # double-free, refcounted
         except ValueError:
             pass
+        gone = LinkedFreeList(4)
+        sink.track(kvguard.guard(gone, LINKED_FREE_LIST_SPEC))
+        gone.allocate(1)
+        del gone
+        gc.collect()                                      # a stats line as it is collected
         late.free(held[:2])                               # learned
         with pytest.raises(ValueError):
             late.free(held[:1])                           # double-free after learning
@@ -123,7 +129,7 @@ def every_kind_of_record(tmp_path):
     found = {r["violation"]["kind"] for r in lines if r["event"] == "violation"}
     assert found >= {"duplicate-id", "double-free", "bool-id", "tensor-id", "invalid-id",
                      "foreign-id", "consumed-iterable", "shared-block", "stale-table", "leak"}
-    assert [r["event"] for r in lines].count("stats") == 3
+    assert [r["event"] for r in lines].count("stats") == 4
     return lines
 
 

@@ -4,6 +4,7 @@ during concurrent allocator traffic that holds each guard's lock for one copy of
 
 import gc
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -252,6 +253,27 @@ PROGRAM = textwrap.dedent('''
         print(generate_latest().decode(), flush=True)
     elif sys.argv[2] == "wait":
         sys.stdin.readline()
+    elif sys.argv[2] == "fork":
+        import multiprocessing as mp
+
+        def child(queue):
+            before = g.stats.to_dict()
+            more = pool.allocate(2)
+            pool.free(more)
+            try:
+                pool.free(more)
+            except ValueError:
+                pass
+            after = g.stats.to_dict()
+            queue.put({k: after[k] - before[k] for k in ("alloc_calls", "free_calls")} | {
+                "double-free": after["violations"]["double-free"]
+                - before["violations"]["double-free"], "live": len(g.live)})
+
+        queue = mp.get_context("fork").Queue()
+        p = mp.get_context("fork").Process(target=child, args=(queue,))
+        p.start()
+        print(json.dumps(queue.get(timeout=60)), flush=True)
+        p.join(60)
 ''')
 MAIN = "__main__.MetricsPool"
 
@@ -317,3 +339,34 @@ def test_multiprocess_mode_sums_every_process(tmp_path, staged_python):
         _out, err = waiting.communicate(timeout=120)  # its stdin closed: it exits
     assert waiting.returncode == 0, err
     assert summed() == want([first, *others], [])
+
+
+def test_docs_list_every_metric_with_its_type_and_labels():
+    docs = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "staging.md")
+    with open(docs, encoding="utf-8") as f:
+        rows = {cells[0].strip("` "): cells[1:3] for cells in (
+            [c.strip() for c in line.strip().strip("|").split("|")]
+            for line in f if line.startswith("| `kvguard_"))}
+    wanted = {name + ("_total" if kind == "counter" else ""): [
+        kind, ", ".join(f"`{label}`" for label in labels)]
+        for name, kind, labels, _help in metrics.METRICS}
+    assert rows == wanted
+
+
+def test_multiprocess_mode_a_forked_child_adds_only_its_own_calls(tmp_path, staged_python):
+    directory = tmp_path / "prom"
+    directory.mkdir()
+    env = staged_env(KVGUARD=1, PROMETHEUS_MULTIPROC_DIR=directory,
+                     KVGUARD_METRICS_INTERVAL="0.05")
+    info, rest = finished(program(staged_python, tmp_path, env, "6", "fork"))
+    child = json.loads(rest.splitlines()[0])
+    registry_ = prometheus_client.CollectorRegistry()
+    MultiProcessCollector(registry_, path=str(directory))
+    total = dict(info["stats"])
+    total["alloc_calls"] += child["alloc_calls"]
+    total["free_calls"] += child["free_calls"]
+    parent_double_frees = info["stats"]["violations"]["double-free"]
+    total["violations"] = {"double-free": parent_double_frees + child["double-free"]}
+    assert child == {"alloc_calls": 1, "free_calls": 2, "double-free": 1, "live": 5}
+    assert parse(prometheus_client.generate_latest(registry_).decode(), MAIN) == expected(
+        total, 0, guards=0, cls=MAIN), "both exited: counters summed once, gauges zero"

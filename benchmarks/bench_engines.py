@@ -1,0 +1,363 @@
+"""Guard overhead on the allocators engines really run: prints guarded/raw median ratios.
+
+    python benchmarks/bench_engines.py [--rounds 7] [--steps 2000] [--only vllm,numpy,...]
+
+Raw and guarded runs alternate in one process, garbage collection off while timing (as
+bench_guard.py does). Each allocator replays a seeded continuous-batching trace: 64 sequences at
+once, prompt blocks on arrival, a block every 16 tokens, frees at the end, and for refcounted
+pools prefix sharing (a new sequence takes a reference to a running one's first blocks). Rows:
+
+- vLLM 0.33.0 ``BlockPool`` (block objects, refcounted, ``touch`` on every prefix hit), its own
+  code loaded from the wheel in KVGUARD_ENGINE_CACHE as tests/adapters do; target <= 2.0x.
+- DeepSpeed 0.19.8 ``BlockedAllocator`` (its own code, int32 tensors); target <= 1.1x.
+- SGLang 0.5.23 ``TokenToKVPoolAllocator`` (its own code, int64 tensors in and out).
+- a numpy refcounted pool written here (numpy arrays of ids, refcounts in numpy); <= 1.5x.
+- a pool handing out one ``np.int64`` element per call, beside its plain-int twin: the guard's
+  added time per operation should be no more for the first than for the second.
+- the pure-Python free lists of bench_guard.py; stacks off <= 2.5x, cheap <= 3.0x.
+
+Each guarded variant is shown with stacks="off", stacks="cheap" and staging's settings
+(log mode, KVGUARD_SAMPLE=100), with the absolute time added per operation. Then the ledger's
+memory per block for a refcounted pool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import os
+import random
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np  # noqa: E402
+
+import kvguard  # noqa: E402
+from kvguard.examples import LINKED_FREE_LIST_SPEC, LinkedFreeList  # noqa: E402
+from kvguard.ledger import Ledger  # noqa: E402
+from kvguard.staging import StagingConfig  # noqa: E402
+from trace import ValidatingFreeList  # noqa: E402
+
+ALLOC, SHARE, FREE = 0, 1, 2
+
+GUARDS = {
+    "stacks off": {"stacks": "off"},
+    "stacks cheap": {"stacks": "cheap"},
+    "staging (log, SAMPLE=100)": StagingConfig(sample=100, stacks="full").guard_options(),
+}
+"""The guarded variants of every row; the staging one is what ``KVGUARD=1 KVGUARD_SAMPLE=100``
+builds."""
+
+
+def make_trace(steps: int, concurrent: int = 64, share: float = 0.5, seed: int = 0) -> list:
+    """``(ALLOC, seq, n)``, ``(SHARE, seq, parent, k)`` (the first ``k`` blocks of a running
+    ``parent`` become the start of new ``seq``), ``(FREE, seq)``. ``share=0``: no sharing."""
+    rng = random.Random(seed)
+    ops, running, held = [], {}, {}
+    next_seq = 0
+
+    def admit():
+        nonlocal next_seq
+        seq, next_seq = next_seq, next_seq + 1
+        running[seq] = 0
+        parents = [p for p in running if p != seq and held.get(p, 0) >= 4]
+        if parents and rng.random() < share:
+            parent = rng.choice(parents)
+            k = rng.randint(1, min(held[parent], 16))
+            ops.append((SHARE, seq, parent, k))
+            held[seq] = k
+        else:
+            held[seq] = 0
+        n = rng.randint(2, 16)
+        ops.append((ALLOC, seq, n))
+        held[seq] += n
+
+    for _ in range(concurrent):
+        admit()
+    for _ in range(steps):
+        for seq in list(running):
+            running[seq] += 1
+            if running[seq] % 16 == 0:
+                ops.append((ALLOC, seq, 1))
+                held[seq] += 1
+            if rng.random() < 1 / 256:
+                ops.append((FREE, seq))
+                del running[seq], held[seq]
+                admit()
+    for seq in list(running):
+        ops.append((FREE, seq))
+    return ops
+
+
+class Driver:
+    """How one allocator runs the trace: ``allocate(a, n)``, ``share(a, blocks)`` (None: no
+    sharing), ``free(a, blocks)``, ``join(parts)`` makes one sequence's ids from its parts,
+    ``prefix(ids, k)`` its first k."""
+
+    def __init__(self, allocate, free, share=None, join=None, prefix=None) -> None:
+        self.allocate, self.free, self.share = allocate, free, share
+        self.join = join or (lambda parts: [b for part in parts for b in part])
+        self.prefix = prefix or (lambda ids, k: ids[:k])
+
+
+def replay(allocator, driver: Driver, ops) -> None:
+    parts: dict = {}
+    allocate, free, share, join, prefix = (driver.allocate, driver.free, driver.share,
+                                           driver.join, driver.prefix)
+    for op in ops:
+        kind, seq = op[0], op[1]
+        if kind == ALLOC:
+            got = allocate(allocator, op[2])
+            if seq in parts:
+                parts[seq].append(got)
+            else:
+                parts[seq] = [got]
+        elif kind == SHARE:
+            head = prefix(join(parts[op[2]]), op[3])
+            share(allocator, head)
+            parts[seq] = [head]
+        else:
+            free(allocator, join(parts.pop(seq)))
+
+
+def timed(make, driver, ops) -> float:
+    allocator = make()
+    gc.collect()
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        replay(allocator, driver, ops)
+        return time.perf_counter() - t0
+    finally:
+        gc.enable()
+
+
+def compare(variants: dict, driver, ops, rounds: int) -> dict:
+    """Median seconds per variant, the variants alternated round by round."""
+    times = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, make in variants.items():
+            times[name].append(timed(make, driver, ops))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def row(label, make, spec, driver, ops, rounds, target=None) -> dict:
+    """Print one allocator's ratios; returns the added microseconds per operation by variant."""
+    def guarded(options):
+        def build():
+            allocator = make()
+            kvguard.guard(allocator, spec, **options)
+            return allocator
+        return build
+
+    variants = {"raw": make}
+    variants.update({name: guarded(options) for name, options in GUARDS.items()})
+    med = compare(variants, driver, ops, rounds)
+    raw = med["raw"]
+    print(f"{label}: raw {raw / len(ops) * 1e6:.2f} us/op ({len(ops)} ops)")
+    added = {}
+    for name, t in med.items():
+        if name == "raw":
+            continue
+        added[name] = (t - raw) / len(ops) * 1e6
+        goal = f"   target {target[name]}" if target and name in target else ""
+        print(f"  {name:<27} {t / raw:5.2f}x  (+{added[name]:.2f} us/op){goal}")
+    return added
+
+
+# --- allocators written here ---------------------------------------------------------------
+
+
+class NumpyRefcountedPool:
+    """A prefix-sharing pool in the common numpy design: ids travel as int64 arrays, refcounts
+    live in an int32 array, a block returns to the free stack when its count reaches 0."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self.ref = np.zeros(num_blocks, dtype=np.int32)
+        self._stack = np.arange(num_blocks - 1, -1, -1, dtype=np.int64)
+        self._top = num_blocks
+
+    def allocate(self, n: int) -> np.ndarray:
+        if n > self._top:
+            raise ValueError(f"not enough free blocks for {n}")
+        top = self._top - n
+        out = self._stack[top:self._top].copy()
+        self._top = top
+        self.ref[out] = 1
+        return out
+
+    def add_ref(self, ids: np.ndarray) -> None:
+        self.ref[ids] += 1
+
+    def free(self, ids: np.ndarray) -> None:
+        ref = self.ref
+        ref[ids] -= 1
+        zero = ids[ref[ids] == 0]
+        top = self._top
+        self._stack[top:top + len(zero)] = zero
+        self._top = top + len(zero)
+
+    def num_free(self) -> int:
+        return self._top
+
+
+NUMPY_REFCOUNTED_SPEC = kvguard.AllocatorSpec(share="add_ref", refcounted=True,
+                                              size="num_blocks", free_count="num_free")
+
+
+class ElementPool:
+    """A small pool handing out one id per call from a Python free list whose entries are
+    ``np.int64`` elements (taken from ``np.arange``, as pools built on numpy arrays hand them
+    out) or, for the twin, plain ints. No checks of its own: about as cheap as an allocator gets."""
+
+    def __init__(self, num_blocks: int, numpy_ids: bool = True) -> None:
+        self.num_blocks = num_blocks
+        ids = np.arange(num_blocks - 1, -1, -1, dtype=np.int64)
+        self._free = list(ids) if numpy_ids else ids.tolist()
+
+    def allocate(self):
+        return self._free.pop()
+
+    def free(self, block) -> None:
+        self._free.append(block)
+
+    def num_free(self) -> int:
+        return len(self._free)
+
+
+def _each(allocator, n):
+    allocate = allocator.allocate
+    return [allocate() for _ in range(n)]
+
+
+def _free_each(allocator, ids):
+    free = allocator.free
+    for b in ids:
+        free(b)
+
+
+ELEMENT_DRIVER = Driver(_each, _free_each)
+ELEMENT_SPEC = kvguard.AllocatorSpec(size="num_blocks", free_count="num_free")
+VALIDATING_SPEC = kvguard.AllocatorSpec(size="num_blocks", free_count="num_free")
+
+LIST_DRIVER = Driver(lambda a, n: a.allocate(n), lambda a, ids: a.free(ids))
+
+
+def numpy_driver() -> Driver:
+    return Driver(lambda a, n: a.allocate(n), lambda a, ids: a.free(ids),
+                  share=lambda a, ids: a.add_ref(ids), join=np.concatenate)
+
+
+# --- engines' own allocators ---------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def engine(name: str):
+    """The engine's allocator modules as tests/adapters load them, or None (not downloaded)."""
+    import pytest
+
+    from tests.adapters import engines
+    try:
+        with engines.loaded(name) as ns:
+            yield ns
+    except pytest.skip.Exception as skip:
+        print(f"{name}: skipped ({skip.msg})")
+        yield None
+
+
+def vllm_driver() -> Driver:
+    """As vLLM's KV-cache manager calls its pool: ``get_new_blocks`` for new blocks, ``touch``
+    on a prefix hit, ``free_blocks(reversed(blocks))`` when a request finishes."""
+    return Driver(lambda p, n: p.get_new_blocks(n), lambda p, blocks: p.free_blocks(
+        reversed(blocks)), share=lambda p, blocks: p.touch(blocks))
+
+
+def deepspeed_driver():
+    """As bench_guard.py drives it: the int32 tensor handed out is kept as a list (a tensor
+    given back to ``free()`` is the ``tensor-id`` bug itself)."""
+    return Driver(lambda a, n: a.allocate(n).tolist(), lambda a, ids: a.free(ids))
+
+
+def sglang_driver():
+    import torch
+    return Driver(lambda a, n: a.alloc(n), lambda a, ids: a.free(ids), join=torch.cat)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--only", default="", help="comma-separated rows: vllm, deepspeed, "
+                        "sglang, numpy, int64, python, memory")
+    args = parser.parse_args()
+    only = set(filter(None, args.only.split(",")))
+    want = (lambda name: not only or name in only)
+    n = 64 * 160
+    shared = make_trace(args.steps)
+    plain = make_trace(args.steps, share=0)
+    print(f"pool of {n} blocks, 64 concurrent sequences; {args.rounds} alternated rounds, "
+          f"medians; python {sys.version.split()[0]}, numpy {np.__version__}")
+
+    if want("vllm"):
+        with engine("vllm") as vllm:
+            if vllm is not None:
+                from kvguard.adapters.vllm import BLOCK_POOL, SPECS
+                row("vLLM 0.33.0 BlockPool (get_new_blocks / touch / free_blocks)",
+                    lambda: vllm.BlockPool(num_gpu_blocks=n, enable_caching=False,
+                                           hash_block_size=16),
+                    SPECS[BLOCK_POOL], vllm_driver(), shared, args.rounds,
+                    {"stacks off": "<= 2.0x (aim 1.5x)", "stacks cheap": "<= 2.0x"})
+    if want("deepspeed"):
+        with engine("deepspeed") as ds:
+            if ds is not None:
+                from kvguard.adapters.deepspeed import BLOCKED_ALLOCATOR, SPECS
+                row("DeepSpeed 0.19.8 BlockedAllocator (allocate -> int32 tensor, free(list))",
+                    lambda: ds.BlockedAllocator(n), SPECS[BLOCKED_ALLOCATOR], deepspeed_driver(),
+                    plain, max(3, args.rounds // 2),
+                    {name: "<= 1.1x" for name in GUARDS})
+    if want("sglang"):
+        with engine("sglang") as sg:
+            if sg is not None:
+                import torch
+
+                from kvguard.adapters.sglang import SPECS, TOKEN_ALLOCATOR
+                row("SGLang 0.5.23 TokenToKVPoolAllocator (alloc / free, int64 tensors)",
+                    lambda: sg.TokenToKVPoolAllocator(n, torch.float16, "cpu", None,
+                                                      False),
+                    SPECS[TOKEN_ALLOCATOR], sglang_driver(), plain, args.rounds)
+    if want("numpy"):
+        row("numpy refcounted pool (allocate / add_ref / free, int64 arrays)",
+            lambda: NumpyRefcountedPool(n), NUMPY_REFCOUNTED_SPEC, numpy_driver(), shared,
+            args.rounds, {name: "<= 1.5x" for name in GUARDS})
+    if want("int64"):
+        as_np = row("one-id-per-call pool of np.int64 elements", lambda: ElementPool(n),
+                    ELEMENT_SPEC, ELEMENT_DRIVER, plain, args.rounds)
+        as_int = row("  its twin with plain-int ids", lambda: ElementPool(n, numpy_ids=False),
+                     ELEMENT_SPEC, ELEMENT_DRIVER, plain, args.rounds)
+        for name in GUARDS:
+            print(f"  np.int64 ids add {as_np[name]:.2f} us/op, plain ints "
+                  f"{as_int[name]:.2f} us/op with {name} (target: no more)")
+    if want("python"):
+        for label, make, spec in (
+                ("pure-Python ValidatingFreeList (bench_guard.py)", lambda: ValidatingFreeList(n),
+                 VALIDATING_SPEC),
+                ("pure-Python LinkedFreeList (bench_guard.py)", lambda: LinkedFreeList(n),
+                 LINKED_FREE_LIST_SPEC)):
+            row(label, make, spec, LIST_DRIVER, plain, args.rounds,
+                {"stacks off": "<= 2.5x (aim 2.0x)", "stacks cheap": "<= 3.0x"})
+    if want("memory"):
+        ledger = Ledger(1 << 20, refcounted=True)
+        print(f"ledger memory: {ledger.nbytes() / (1 << 20):.1f} bytes/block for a 1M-block "
+              "refcounted pool (target <= 20)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

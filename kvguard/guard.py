@@ -2,9 +2,13 @@
 
 The allocator object keeps working for its callers (``isinstance`` unchanged): its methods are
 shadowed by instance attributes that check, forward and record under one lock, so two threads
-freeing the same block cannot both pass. The hot path (a list of plain ints, all live) does one
-set(), one loop over the ledger's refcount column and one site capture; anything unusual takes
-the slow path, which reads the ids exactly and names every fault.
+freeing the same block cannot both pass. The fast path takes the calls engines make all day
+(plain ints, numpy integer arrays and scalars, block objects read by ``id_attr``, sub-pools,
+references shared and dropped in refcounted pools) when every id is in the state the call needs:
+one read of the ids, one loop over the ledger's columns, one site capture. Anything unusual
+(a fault, bools, tensors where they do not belong, generators, never-seen ids) takes the careful
+path, which reads the ids exactly and names every fault; ``fast_path=False`` sends every call
+there, and a differential test holds the two to the same verdicts.
 
 ``on_violation``: ``raise`` rejects a bad call before the allocator sees it; ``log`` records and
 forwards the call untouched, and nothing the guard does, its own bugs included, raises into the
@@ -26,7 +30,8 @@ from collections import Counter, deque
 
 from . import kinds
 from .errors import ERROR_FOR_KIND, KVGuardError, error_for
-from .ids import Fault, fast_ids, normalize, result_ids, torch_tensor_type
+from .fastread import ITERATORS, plain_ids
+from .ids import Fault, normalize, result_ids, torch_tensor_type
 from .ledger import OWNERS, Ledger, _current_owner, current_owner
 from .report import BlockHistory, Operation, Violation
 from .spec import DEFAULT_SPEC, AllocatorSpec, per_pool, read
@@ -213,7 +218,7 @@ class Guard:
     def __init__(self, allocator, spec: AllocatorSpec, *, on_violation: str = "raise",
                  stacks: str = "cheap", name: str | None = None, history: int = 32,
                  max_violations: int = 10_000, learn: bool | None = None,
-                 log_every: int = 100, sample: int = 1) -> None:
+                 log_every: int = 100, sample: int = 1, fast_path: bool = True) -> None:
         if on_violation not in MODES:
             raise ValueError(f"on_violation must be one of {', '.join(MODES)}, "
                              f"not {on_violation!r}")
@@ -258,6 +263,7 @@ class Guard:
         self._params: dict = {}
         self._baseline = None
         self._learn = learn
+        self._fast = bool(fast_path)
         self._attach(allocator)
 
     # --- attaching ---------------------------------------------------------------------------
@@ -395,10 +401,69 @@ class Guard:
 
     # --- the wrappers ------------------------------------------------------------------------
 
-    def _fast_eligible(self) -> bool:
+    def _fast_path(self) -> bool:
+        """Whether the wrappers may take their fast path. Watchers and quarantine see every call
+        on the careful path; ``fast_path=False`` asks for that too (the differential tests run
+        both and compare their verdicts)."""
+        return self._fast and not self.quarantine_size and not self._watchers
+
+    def _fast_reader(self, result: bool):
+        """The fast path's reader of ids for this spec, or None when it has none (dotted
+        ``id_attr``, a ``skip`` over plain ids). ``read(value)`` returns a new list of plain
+        ints, or None: then the careful path reads the value and decides."""
         spec = self.spec
-        return (spec.pool_arg is None and spec.id_attr is None and spec.skip is None
-                and not spec.refcounted and not self.quarantine_size and not self._watchers)
+        if spec.id_attr is not None:
+            if "." in spec.id_attr:
+                return None
+            get = operator.attrgetter(spec.id_attr)
+            skip = spec.skip
+            # A skipped item (vLLM's null block) is passed through unchecked: that is the careful
+            # path's business. ``skip.keeps_all(allocator, items)`` answers for a whole call at
+            # once (True: no item is skipped); otherwise each item is asked.
+            keeps_all = getattr(skip, "keeps_all", None)
+            allocator = self.allocator
+
+            def read_objects(value):
+                tp = type(value)
+                if tp is not list and tp is not tuple:
+                    return None
+                if skip is not None:
+                    if keeps_all is not None:
+                        if not keeps_all(allocator, value):
+                            return None
+                    elif any(map(skip, value)):
+                        return None
+                return list(map(get, value))  # an object without the id: the careful path
+            return read_objects
+        if spec.skip is not None:
+            return None
+        if not (result or spec.tensor_ok):
+            return plain_ids
+
+        def read_or_tensor(value):
+            ids = plain_ids(value)
+            return ids if ids is not None else _int_tensor_ids(value)
+        return read_or_tensor
+
+    def _fast_ledger(self, method):
+        """``(main, ledger_of)``: the ``Ledger.hot`` columns of a spec without sub-pools, or
+        ``ledger_of(args, kwargs)`` giving those of the call's sub-pool when its key is a plain
+        int (or absent) and its ledger exists, else None (careful path)."""
+        param = self._pool_params.get(method)
+        if param is None:
+            return self.ledger(self._default_pool()).hot, None
+        ledgers = self._ledgers
+        get = param.get
+
+        def ledger_of(args, kwargs):
+            key = get(args, kwargs)
+            if key is _MISSING:
+                key = None
+            elif key is not None and type(key) is not int:
+                return None
+            ledger = ledgers.get(key)
+            return None if ledger is None else ledger.hot
+        return None, ledger_of
 
     def _install(self) -> None:
         """(Re)build the wrappers for the present configuration and shadow the methods."""
@@ -418,73 +483,131 @@ class Guard:
             own[method] = wrapper
 
     def _wrap_free(self, original):
-        """The free wrapper. Its fast path (a list/tuple/int of plain ints, every one live,
-        none repeated) is inlined with everything it needs bound as locals: this is where the
-        overhead budget goes, so every line counts."""
+        """The free wrapper. Its fast path (ids read by ``_fast_reader``, every one live in the
+        call's ledger, none repeated) is inlined with everything it needs bound as locals: this
+        is where the overhead budget goes, so every line counts. Refcounted pools drop one
+        reference per id; a block whose count reaches 0 becomes a tombstone."""
+        return self._wrap_release(original, self.spec.free, self._free_param, share=False)
+
+    def _wrap_share(self, original):
+        """The share wrapper: the fast path adds a reference to ids that are live or cached
+        (a tombstone, revived); never-seen ids and every fault go the careful way."""
+        return self._wrap_release(original, self.spec.share, self._share_param, share=True)
+
+    def _wrap_release(self, original, method, param, share):
         guard = self
         lock = self._lock
-        owned = lock._is_owned
-        param = self._free_param
+        owned, acquire, unlock = lock._is_owned, lock.acquire, lock.release
         pos = param.pos if param.pos is not None else -1 - (1 << 30)
         name, default = param.name, param.default
-        fast = self._fast_eligible()
-        stamp, freed_at = (self.ledger(None).stamp, self.ledger(None).freed_at) if fast else (
-            None, None)
+        read = self._fast_reader(result=False) if self._fast_path() else None
+        main, ledger_of = self._fast_ledger(method)
+        drain = self.spec.iterator_ok
+        put = param.put
+        pooled = self.spec.pool_arg is not None
         stats = self.stats
         history = self.history
         depth = self._depth
         capture = self._capture
+        owner_var = _current_owner.get
         tick = self._tick
+        slow = self._share_slow if share else self._free_slow
 
-        def free(*args, **kwargs):
+        def release(*args, **kwargs):
             if owned():  # the allocator calling itself, or the guard forwarding: pass through
                 return original(*args, **kwargs)
-            with lock:
+            acquire()
+            try:
                 try:
                     value = args[pos]
                 except IndexError:
                     value = kwargs.get(name, default)
-                if fast:
-                    tp = type(value)
-                    # A list is copied: the allocator may mutate it before the ledger is updated.
-                    ids = value if tp is tuple else list(value) if tp is list else (value,) \
-                        if tp is int else None
-                    if ids is not None:
-                        size = len(stamp)
-                        for b in ids:
-                            if type(b) is not int or not 0 <= b < size or stamp[b] <= 0:
-                                break
+                if read is not None:
+                    if drain and type(value) in ITERATORS:  # read once, forward the list
+                        value = list(value)
+                        args, kwargs = put(args, kwargs, value)
+                    try:
+                        ids = read(value)
+                        hot = None if ids is None else main if ledger_of is None else \
+                            ledger_of(args, kwargs)
+                    except Exception:  # the careful path reads it again, under _protect
+                        hot = None
+                    if hot is not None:
+                        stamp, origin, freed_at, ref, _, pool = hot
+                        n = len(ids)
+                        if n == 1:  # one id per call is common: no loop, no set
+                            b = ids[0]
+                            ok = type(b) is int and 0 <= b < len(stamp) and (
+                                stamp[b] != 0 if share else stamp[b] > 0)
                         else:
-                            n = len(ids)
-                            if n < 2 or len(set(ids)) == n:
-                                try:
-                                    site = capture(1, depth) if depth else 0
-                                except Exception as exc:
-                                    site = guard._site_failed(exc)
-                                result = original(*args, **kwargs)
-                                clock = tick()
+                            size = len(stamp)
+                            for b in ids:
+                                if type(b) is not int or not 0 <= b < size or (
+                                        stamp[b] == 0 if share else stamp[b] <= 0):
+                                    ok = False
+                                    break
+                            else:
+                                ok = len(set(ids)) == n
+                        if ok:
+                            who = owner_var() if share else 0
+                            try:
+                                site = capture(1, depth, who) if depth or who else 0
+                            except Exception as exc:
+                                site = guard._site_failed(exc)
+                            result = original(*args, **kwargs)
+                            clock = tick()
+                            if share:
+                                for b in ids:
+                                    if stamp[b] <= 0:  # a cached free block comes back
+                                        stamp[b] = clock
+                                        origin[b] = site
+                                if ref is not None:
+                                    for b in ids:
+                                        ref[b] += 1
+                                stats.share_calls += 1
+                                stats.blocks_shared += n
+                                if history is not None:
+                                    history.append((clock, ids, site, pool, "share"))
+                                return result
+                            if ref is None:
                                 for b in ids:
                                     stamp[b] = -clock
                                     freed_at[b] = site
-                                stats.free_calls += 1
-                                stats.blocks_freed += n
-                                if history is not None:
-                                    history.append((-clock, ids, site))
-                                return result
-                return guard._free_slow(original, args, kwargs, value)
+                            else:
+                                dropped = 0
+                                for b in ids:
+                                    r = ref[b] - 1
+                                    ref[b] = r
+                                    if not r:
+                                        stamp[b] = -clock
+                                        freed_at[b] = site
+                                        dropped += 1
+                                n = dropped
+                            stats.free_calls += 1
+                            stats.blocks_freed += n
+                            if history is not None:
+                                history.append((-clock, ids, site, pool) if pooled
+                                               else (-clock, ids, site))
+                            return result
+                if share:
+                    return slow(original, args, kwargs)
+                return slow(original, args, kwargs, value)
+            finally:
+                unlock()
 
-        free.__wrapped__ = original
-        free.__kvguard__ = self
-        return free
+        release.__wrapped__ = original
+        release.__kvguard__ = self
+        return release
 
     def _wrap_alloc(self, original):
-        """The allocation wrapper: forward first, then check what came back."""
+        """The allocation wrapper: forward first, then check what came back. The fast path
+        takes ids that are all free or unseen in the call's ledger, each once."""
         guard = self
         lock = self._lock
-        owned = lock._is_owned
-        fast = self._fast_eligible()
-        stamp, origin = (self.ledger(None).stamp, self.ledger(None).origin) if fast else (
-            None, None)
+        owned, acquire, unlock = lock._is_owned, lock.acquire, lock.release
+        read = self._fast_reader(result=True) if self._fast_path() else None
+        main, ledger_of = self._fast_ledger(self.spec.alloc)
+        pooled = self.spec.pool_arg is not None
         stats = self.stats
         history = self.history
         depth = self._depth
@@ -495,25 +618,31 @@ class Guard:
         def allocate(*args, **kwargs):
             if owned():
                 return original(*args, **kwargs)
-            with lock:
+            acquire()
+            try:
                 result = original(*args, **kwargs)
-                if type(result) is list:
-                    ids = result
-                else:
+                if read is not None:
                     try:
-                        ids = _int_tensor_ids(result)
+                        ids = read(result)
+                        hot = None if ids is None else main if ledger_of is None else \
+                            ledger_of(args, kwargs)
                     except Exception:  # the slow path reads it again, under _protect
-                        ids = None
-                if fast and ids is not None:
-                    size = len(stamp)
-                    for b in ids:
-                        if type(b) is not int or not 0 <= b < size or stamp[b] > 0:
-                            break
-                    else:
-                        if history is not None and ids is result:
-                            ids = tuple(result)
+                        hot = None
+                    if hot is not None:
+                        stamp, origin, _, ref, uncertain, pool = hot
                         n = len(ids)
-                        if n < 2 or len(set(ids)) == n:
+                        if n == 1:
+                            b = ids[0]
+                            ok = type(b) is int and 0 <= b < len(stamp) and stamp[b] <= 0
+                        else:
+                            size = len(stamp)
+                            for b in ids:
+                                if type(b) is not int or not 0 <= b < size or stamp[b] > 0:
+                                    ok = False
+                                    break
+                            else:
+                                ok = len(set(ids)) == n
+                        if ok:
                             who = owner_var()
                             try:
                                 site = capture(1, depth, who) if depth or who else 0
@@ -523,10 +652,16 @@ class Guard:
                             for b in ids:
                                 stamp[b] = clock
                                 origin[b] = site
+                            if ref is not None:
+                                for b in ids:
+                                    ref[b] = 1
+                                if uncertain:
+                                    uncertain.difference_update(ids)
                             stats.alloc_calls += 1
                             stats.blocks_allocated += n
                             if history is not None:
-                                history.append((clock, ids, site))
+                                history.append((clock, ids, site, pool) if pooled
+                                               else (clock, ids, site))
                             return result
                 try:
                     site = capture(1, depth, owner_var())
@@ -534,25 +669,12 @@ class Guard:
                     site = guard._site_failed(exc)
                 guard._protect(guard._after_alloc, args, kwargs, result, site)
                 return result
+            finally:
+                unlock()
 
         allocate.__wrapped__ = original
         allocate.__kvguard__ = self
         return allocate
-
-    def _wrap_share(self, original):
-        guard = self
-        lock = self._lock
-        owned = lock._is_owned
-
-        def share(*args, **kwargs):
-            if owned():
-                return original(*args, **kwargs)
-            with lock:
-                return guard._share_slow(original, args, kwargs)
-
-        share.__wrapped__ = original
-        share.__kvguard__ = self
-        return share
 
     # --- slow paths --------------------------------------------------------------------------
 

@@ -123,6 +123,9 @@ class Ledger:
         dropping below the ledger's count is learned rather than called a double free, and a
         hand-out while the ledger holds them live is no ``shared-block``, until the allocator
         hands them out again."""
+        self.hot = (self.stamp, self.origin, self.freed_at, self.ref, self.uncertain, pool)
+        """What the guard's fast path reads and writes, in one tuple (columns grow in place
+        and are never replaced, so it stays valid)."""
 
     def __len__(self) -> int:
         return len(self.stamp)

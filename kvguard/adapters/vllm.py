@@ -47,6 +47,19 @@ def _not_this_pools(block) -> bool:
     return other is None or not other._lock._is_owned()
 
 
+def _all_this_pools(pool, blocks) -> bool:
+    """``_not_this_pools`` answered for a whole call on the guard's fast path: True only when
+    no block is the null block and every one belongs to ``pool`` itself (then the skip is False
+    for each). Anything else, the careful path asks the skip block by block."""
+    for block in blocks:
+        if block.is_null or block.pool is not pool:
+            return False
+    return True
+
+
+_not_this_pools.keeps_all = _all_this_pools
+
+
 class _Held:
     """A block referenced before the guard came, as the spec reads blocks (``block_id``), and
     not yet tied to its pool (whose guard is being attached)."""

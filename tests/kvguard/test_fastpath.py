@@ -1,0 +1,270 @@
+"""The guard's fast path against its careful path: same verdicts on random traces.
+
+Two twins of one allocator replay the same random trace, one guarded as usual, one with
+``fast_path=False`` (every call read by the careful path). After each call both must agree on
+everything a user can see: the call's outcome (result or error kind), every violation (kind,
+ids, message, the flight recorder it shows), ``Guard.live``, ``Guard.stats``, the ledger's
+columns, and the allocator's own state. Traces mix valid use with every misuse (duplicates,
+double frees, foreign, negative and bool ids, tensors, generators, numpy arrays and scalars,
+lists of numpy scalars, block objects, the skipped null block) over every spec shape: plain,
+refcounted with shares, ``id_attr`` block objects with and without a ``skip`` hint, sub-pools.
+
+The allocator is a tolerant model written here (it never raises and reads ids leniently), so
+that whatever a mode forwards reaches it and both twins stay comparable.
+"""
+
+import operator
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import kvguard
+
+from .helpers import ledger_state
+
+SIZE = 10
+
+
+class Block:
+    """A block object as vLLM's pool hands them out (``block_id``; the null block is skipped)."""
+
+    def __init__(self, block_id: int, is_null: bool = False) -> None:
+        self.block_id = block_id
+        self.is_null = is_null
+
+
+class TolerantPool:
+    """Two sub-pools of ``SIZE`` blocks with reference counts; block 0 of each is the null block
+    when ``objects`` (never handed out). Reads any ids leniently and never raises."""
+
+    def __init__(self, objects: bool = False) -> None:
+        self.size = SIZE
+        self.objects = [Block(b, objects and b == 0) for b in range(SIZE)]
+        self.use_objects = objects
+        first = 1 if objects else 0
+        self.ref = {p: [0] * SIZE for p in (0, 1)}
+        self.free_list = {p: list(range(SIZE - 1, first - 1, -1)) for p in (0, 1)}
+
+    def allocate(self, n, pool=0):
+        free = self.free_list[pool]
+        out = [free.pop() for _ in range(min(n, len(free)))]
+        for b in out:
+            self.ref[pool][b] = 1
+        return [self.objects[b] for b in out] if self.use_objects else out
+
+    def _read(self, ids):
+        if hasattr(ids, "tolist"):
+            ids = ids.tolist()
+        items = list(ids) if hasattr(ids, "__iter__") else [ids]
+        out = []
+        for x in items:
+            x = getattr(x, "block_id", x)
+            if hasattr(x, "tolist"):
+                x = x.tolist()
+            try:
+                b = operator.index(x)
+            except TypeError:
+                continue
+            if 0 <= b < SIZE:
+                out.append(b)
+        return out
+
+    def free(self, ids, pool=0):
+        for b in self._read(ids):
+            self.ref[pool][b] -= 1
+            if self.ref[pool][b] == 0:
+                self.free_list[pool].append(b)
+
+    def share(self, ids, pool=0):
+        for b in self._read(ids):
+            if self.ref[pool][b] == 0 and b in self.free_list[pool]:
+                self.free_list[pool].remove(b)
+            self.ref[pool][b] += 1
+
+    def num_free(self):
+        return len(self.free_list[0])
+
+    def state(self):
+        return {p: (list(self.ref[p]), list(self.free_list[p])) for p in (0, 1)}
+
+
+def _null(block) -> bool:
+    return getattr(block, "is_null", False)
+
+
+def _null_hinted(block) -> bool:
+    return getattr(block, "is_null", False)
+
+
+_null_hinted.keeps_all = lambda pool, blocks: not any(map(_null, blocks))
+
+SHAPES = {
+    "plain": (False, kvguard.AllocatorSpec(size="size", free_count="num_free")),
+    "refcounted": (False, kvguard.AllocatorSpec(share="share", refcounted=True, size="size")),
+    "pool_arg": (False, kvguard.AllocatorSpec(share="share", refcounted=True, pool_arg="pool",
+                                              size="size")),
+    "plain_pool_arg": (False, kvguard.AllocatorSpec(pool_arg="pool", size="size")),
+    "id_attr": (True, kvguard.AllocatorSpec(share="share", refcounted=True, id_attr="block_id",
+                                            skip=_null, iterator_ok=True, size="size")),
+    "id_attr_hinted": (True, kvguard.AllocatorSpec(share="share", refcounted=True,
+                                                   id_attr="block_id", skip=_null_hinted,
+                                                   iterator_ok=True, size="size")),
+    "id_attr_plain": (True, kvguard.AllocatorSpec(id_attr="block_id", size="size")),
+}
+
+PLAIN_FORMS = ["list", "tuple", "int", "np64", "np32", "npu8", "npscalar", "nplist", "mixed",
+               "gen", "bool", "npbool", "npboolscalar", "tensor", "negative", "float", "set",
+               "2d"]
+OBJECT_FORMS = ["list", "tuple", "reversed", "gen", "ints", "null", "missing"]
+
+
+def shape_ids(ids, form):
+    """``ids`` (plain ints) in the form a caller might pass."""
+    if form == "tuple":
+        return tuple(ids)
+    if form == "int":
+        return ids[0] if ids else []
+    if form == "np64":
+        return np.array(ids, dtype=np.int64)
+    if form == "np32":
+        return np.array(ids, dtype=np.int32)
+    if form == "npu8":
+        return np.array(ids, dtype=np.uint8)
+    if form == "npscalar":
+        return np.int64(ids[0]) if ids else []
+    if form == "nplist":
+        return [np.int64(b) for b in ids]
+    if form == "mixed":
+        return [np.int32(b) if n % 2 else b for n, b in enumerate(ids)]
+    if form == "gen":
+        return (b for b in ids)
+    if form == "bool":
+        return list(ids) + [True]
+    if form == "npbool":
+        mask = np.zeros(max([SIZE - 1, *ids]) + 1, dtype=bool)
+        mask[[b for b in ids if b >= 0]] = True
+        return mask
+    if form == "npboolscalar":
+        return np.bool_(True)
+    if form == "tensor":
+        return torch.tensor(ids, dtype=torch.int64)
+    if form == "negative":
+        return list(ids) + [-1]
+    if form == "float":
+        return list(ids) + [1.0]
+    if form == "set":
+        return set(ids)
+    if form == "2d":
+        return np.array([ids], dtype=np.int64)
+    return list(ids)
+
+
+STRAY = object()
+"""An item without ``block_id`` (one object, so both twins' reports name the same one)."""
+
+
+def shape_objects(allocator, ids, form):
+    blocks = [allocator.objects[b] for b in ids]
+    if form == "tuple":
+        return tuple(blocks)
+    if form == "reversed":
+        return reversed(blocks)
+    if form == "gen":
+        return (b for b in blocks)
+    if form == "ints":
+        return list(ids)
+    if form == "null":
+        return blocks + [allocator.objects[0]]
+    if form == "missing":
+        return blocks + [STRAY]
+    return blocks
+
+
+STEP = st.one_of(
+    st.tuples(st.just("alloc"), st.integers(0, 4), st.integers(0, 1)),
+    st.tuples(st.sampled_from(["free", "share"]),
+              st.lists(st.integers(-1, 40), min_size=0, max_size=4),
+              st.integers(0, len(PLAIN_FORMS) - 1), st.integers(0, 1)),
+)
+
+
+def run(allocator, guard, step, handed, objects, pooled):
+    """One step on one twin; returns what the caller saw."""
+    kind = step[0]
+    pool_kw = {"pool": step[2 if kind == "alloc" else 3]} if pooled else {}
+    try:
+        if kind == "alloc":
+            got = allocator.allocate(step[1], **pool_kw)
+            return ("ok", [getattr(b, "block_id", b) for b in got])
+        if kind == "share" and guard.spec.share is None:
+            return ("skipped",)
+        picks = step[1]
+        # Pick among ids handed out so far (live or freed: double frees come from here), or
+        # past them (foreign or out of range).
+        ids = [handed[p % len(handed)] if handed and p >= 0 and p < 30 else p % 12 for p in picks]
+        if objects:
+            form = OBJECT_FORMS[step[2] % len(OBJECT_FORMS)]
+            ids = [b for b in ids if 0 <= b < SIZE]
+            value = shape_objects(allocator, ids, form)
+        else:
+            value = shape_ids(ids, PLAIN_FORMS[step[2]])
+        getattr(allocator, kind)(value, **pool_kw)
+        return ("ok",)
+    except kvguard.KVGuardError as exc:
+        return ("error", exc.kind)
+
+
+def seen(guard):
+    """Everything a user can read off the guard."""
+    violations = [(v.kind, v.block_ids, v.message, v.pool,
+                   [(op.op, tuple(op.ids), op.pool, op.call) for op in v.history])
+                  for v in guard.violations]
+    live = {b: (r.refcount, r.allocated_by_call) for b, r in guard.live.items()}
+    return violations, live, guard.stats.to_dict(), ledger_state(guard)
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=st.lists(STEP, min_size=1, max_size=25), mode=st.sampled_from(["raise", "log",
+                                                                           "repair"]))
+def test_the_fast_path_gives_the_careful_paths_verdicts(shape, steps, mode):
+    objects, spec = SHAPES[shape]
+    pooled = spec.pool_arg is not None
+    twins = []
+    for fast in (True, False):
+        allocator = TolerantPool(objects)
+        guard = kvguard.guard(allocator, spec, on_violation=mode, stacks="off", fast_path=fast)
+        twins.append((allocator, guard))
+    handed = []
+    for step in steps:
+        outcomes = [run(a, g, step, handed, objects, pooled) for a, g in twins]
+        assert outcomes[0] == outcomes[1], step
+        if outcomes[0][0] == "ok" and step[0] == "alloc":
+            handed += outcomes[0][1]
+        (fast_alloc, fast_guard), (careful_alloc, careful_guard) = twins
+        assert seen(fast_guard) == seen(careful_guard), step
+        assert fast_alloc.state() == careful_alloc.state(), step
+
+
+def test_the_fast_path_is_taken():
+    """The twins above would agree trivially if both went the careful way: the fast one must
+    not reach the careful reader on clean calls of any shape."""
+    for shape, (objects, spec) in SHAPES.items():
+        allocator = TolerantPool(objects)
+        guard = kvguard.guard(allocator, spec, stacks="off")
+        calls = []
+        guard._plan_release = lambda *a, calls=calls: calls.append(a)  # noqa: B023
+        guard._after_alloc = lambda *a, calls=calls: calls.append(a)  # noqa: B023
+        guard._install()
+        got = allocator.allocate(3)
+        ids = [getattr(b, "block_id", b) for b in got]
+        if spec.share:
+            allocator.share(got[:1] if objects else np.array(ids[:1]))
+        allocator.free((reversed(got) if spec.iterator_ok else got) if objects else np.array(ids))
+        if spec.share:
+            allocator.free(got[:1] if objects else [np.int64(ids[0])])
+        assert calls == [], shape
+        assert guard.live == {}, shape

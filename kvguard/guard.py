@@ -512,6 +512,10 @@ class Guard:
         owner_var = _current_owner.get
         tick = self._tick
         slow = self._share_slow if share else self._free_slow
+        # [refcount_attr] The engine's own count of each block is the truth at a release: read
+        # before the call, it must be positive, and the ledger takes it before dropping one.
+        engine_count = attrgetter(self.spec.refcount_attr) if (
+            self.spec.refcount_attr is not None and not share and read is not None) else None
 
         def release(*args, **kwargs):
             if owned():  # the allocator calling itself, or the guard forwarding: pass through
@@ -530,10 +534,12 @@ class Guard:
                         ids = read(value)
                         hot = None if ids is None else main if ledger_of is None else \
                             ledger_of(args, kwargs)
+                        held = None if engine_count is None or hot is None else \
+                            list(map(engine_count, value))
                     except Exception:  # the careful path reads it again, under _protect
                         hot = None
                     if hot is not None:
-                        stamp, origin, freed_at, ref, _, pool = hot
+                        stamp, origin, freed_at, ref, uncertain, pool = hot
                         n = len(ids)
                         if n == 1:  # one id per call is common: no loop, no set
                             b = ids[0]
@@ -548,6 +554,11 @@ class Guard:
                                     break
                             else:
                                 ok = len(set(ids)) == n
+                        if ok and held is not None:
+                            for count in held:
+                                if type(count) is not int or count <= 0:
+                                    ok = False
+                                    break
                         if ok:
                             who = owner_var() if share else 0
                             try:
@@ -574,6 +585,12 @@ class Guard:
                                     stamp[b] = -clock
                                     freed_at[b] = site
                             else:
+                                if held is not None:  # references the engine took or dropped
+                                    for b, count in zip(ids, held):
+                                        if ref[b] != count:
+                                            ref[b] = count
+                                            if uncertain:
+                                                uncertain.discard(b)
                                 dropped = 0
                                 for b in ids:
                                     r = ref[b] - 1

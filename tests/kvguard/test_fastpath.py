@@ -29,11 +29,17 @@ SIZE = 10
 
 
 class Block:
-    """A block object as vLLM's pool hands them out (``block_id``; the null block is skipped)."""
+    """A block object as vLLM's pool hands them out (``block_id``, its pool's ``ref_cnt``; the
+    null block is skipped)."""
 
-    def __init__(self, block_id: int, is_null: bool = False) -> None:
+    def __init__(self, block_id: int, is_null: bool, counts: list) -> None:
         self.block_id = block_id
         self.is_null = is_null
+        self._counts = counts
+
+    @property
+    def ref_cnt(self) -> int:
+        return self._counts[self.block_id]
 
 
 class TolerantPool:
@@ -42,10 +48,10 @@ class TolerantPool:
 
     def __init__(self, objects: bool = False) -> None:
         self.size = SIZE
-        self.objects = [Block(b, objects and b == 0) for b in range(SIZE)]
+        self.ref = {p: [0] * SIZE for p in (0, 1)}
+        self.objects = [Block(b, objects and b == 0, self.ref[0]) for b in range(SIZE)]
         self.use_objects = objects
         first = 1 if objects else 0
-        self.ref = {p: [0] * SIZE for p in (0, 1)}
         self.free_list = {p: list(range(SIZE - 1, first - 1, -1)) for p in (0, 1)}
 
     def allocate(self, n, pool=0):
@@ -113,6 +119,10 @@ SHAPES = {
                                                    id_attr="block_id", skip=_null_hinted,
                                                    iterator_ok=True, size="size")),
     "id_attr_plain": (True, kvguard.AllocatorSpec(id_attr="block_id", size="size")),
+    "refcount_attr": (True, kvguard.AllocatorSpec(share="share", refcounted=True,
+                                                  id_attr="block_id", refcount_attr="ref_cnt",
+                                                  skip=_null_hinted, iterator_ok=True,
+                                                  size="size")),
 }
 
 PLAIN_FORMS = ["list", "tuple", "int", "np64", "np32", "npu8", "npscalar", "nplist", "mixed",
@@ -185,6 +195,7 @@ def shape_objects(allocator, ids, form):
 
 STEP = st.one_of(
     st.tuples(st.just("alloc"), st.integers(0, 4), st.integers(0, 1)),
+    st.tuples(st.just("bump"), st.integers(0, SIZE - 1), st.integers(-1, 1)),
     st.tuples(st.sampled_from(["free", "share"]),
               st.lists(st.integers(-1, 40), min_size=0, max_size=4),
               st.integers(0, len(PLAIN_FORMS) - 1), st.integers(0, 1)),
@@ -194,6 +205,10 @@ STEP = st.one_of(
 def run(allocator, guard, step, handed, objects, pooled):
     """One step on one twin; returns what the caller saw."""
     kind = step[0]
+    if kind == "bump":  # the engine changes a count behind the guard (vLLM's copy-on-write)
+        block = handed[step[1] % len(handed)] if handed else step[1]
+        allocator.ref[0][block] += step[2]
+        return ("ok",)
     pool_kw = {"pool": step[2 if kind == "alloc" else 3]} if pooled else {}
     try:
         if kind == "alloc":
@@ -247,6 +262,22 @@ def test_the_fast_path_gives_the_careful_paths_verdicts(shape, steps, mode):
         (fast_alloc, fast_guard), (careful_alloc, careful_guard) = twins
         assert seen(fast_guard) == seen(careful_guard), step
         assert fast_alloc.state() == careful_alloc.state(), step
+
+
+def test_an_engine_count_raised_behind_the_guard_is_followed_on_both_paths():
+    """refcount_attr: a reference the engine took itself (vLLM's copy-on-write ``ref_cnt += 1``)
+    keeps the block live in the ledger after one release, on either path."""
+    seen_by = []
+    for fast in (True, False):
+        allocator = TolerantPool(objects=True)
+        guard = kvguard.guard(allocator, SHAPES["refcount_attr"][1], stacks="off",
+                              fast_path=fast)
+        a, b = allocator.allocate(2)
+        allocator.ref[0][a.block_id] += 1
+        allocator.free([a, b])
+        seen_by.append(seen(guard))
+        assert {k: r.refcount for k, r in guard.live.items()} == {a.block_id: 1}
+    assert seen_by[0] == seen_by[1]
 
 
 def test_the_fast_path_is_taken():

@@ -514,7 +514,7 @@ class Guard:
         slow = self._share_slow if share else self._free_slow
         # [refcount_attr] The engine's own count of each block is the truth at a release: read
         # before the call, it must be positive, and the ledger takes it before dropping one.
-        engine_count = attrgetter(self.spec.refcount_attr) if (
+        engine_count = operator.attrgetter(self.spec.refcount_attr) if (
             self.spec.refcount_attr is not None and not share and read is not None) else None
 
         def release(*args, **kwargs):

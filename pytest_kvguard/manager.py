@@ -20,6 +20,7 @@ from kvguard import registry
 from . import results
 from .expect import Expectation, RaisesHook
 from .frames import hide_machinery, show_machinery, trim_violation
+from .leaks import LeakSummary
 from .markers import TestSettings, settings_for
 from .tracking import Tracker
 
@@ -74,6 +75,7 @@ class Manager:
         self.config = config
         self.settings = settings
         self.tracker = Tracker()
+        self.leak_summary = LeakSummary(self.tracker)
         self.results = results.Results()
         self.worker = getattr(config, "workerinput", {}).get("workerid")
         self._state: TestState | None = None
@@ -101,11 +103,13 @@ class Manager:
         self._raises.install()
         self._hidden = hide_machinery()
         self.tracker.install()
+        self.leak_summary.install()
         kvguard.instrument(**self._guard_options)
 
     def pytest_unconfigure(self, config) -> None:
         kvguard.uninstrument()
         self.tracker.uninstall()
+        self.leak_summary.uninstall()
         self._raises.uninstall()
         show_machinery(self._hidden)
         if self._unsubscribe is not None:
@@ -216,6 +220,7 @@ class Manager:
         if fixturedef.scope == "function":
             return (yield)
         label = f"{fixturedef.scope}-scoped fixture {fixturedef.argname!r}"
+        self.leak_summary.wide_labels.add(label)
         context = kvguard.owner(label)
         self._fixtures.append((fixturedef, f"setup of {label}", context))
         try:
@@ -278,7 +283,9 @@ class Manager:
             if when != "setup" and not state.failed:
                 problems += self._unmet(state, when)
         leaks, leak_mode = [], state.settings.leaks
-        if when == "teardown":
+        if when == "teardown" and leak_mode == "summary":
+            self._note_leaks(state)
+        elif when == "teardown":
             leaks = self._leaks(state)
             if leaks and leak_mode == "warn":
                 try:
@@ -307,6 +314,13 @@ class Manager:
             return []
         return [trim_violation(v) for v in self.tracker.leaks(state.labels, state.nodeid)]
 
+    def _note_leaks(self, state: TestState) -> None:
+        """``--kvguard-leaks=summary``: the test's leaks are candidates, judged at the end."""
+        if state.settings.off or state.failed:
+            self.tracker.leaked(())  # moves the scan marks on all the same
+            return
+        self.leak_summary.note(state.nodeid, self.tracker.leaked(state.labels))
+
     def pytest_runtest_logreport(self, report) -> None:
         self.results.add_report(report)
 
@@ -329,22 +343,33 @@ class Manager:
 
     # --- the end ---------------------------------------------------------------------------
 
+    def _late_leaks(self) -> list[dict]:
+        """``--kvguard-leaks=summary``'s findings, judged now that every test has run."""
+        if self.settings.leaks != "summary" and not self.leak_summary.candidates:
+            return []
+        return [results.as_dict(trim_violation(v), nodeid=nodeid, when="end of run",
+                                mode="summary")
+                for nodeid, v in self.leak_summary.judge()]
+
     def _outside_entries(self) -> list[dict]:
         return [results.outside_entry(where, v, self.worker) for where, v in self._outside]
 
     def pytest_sessionfinish(self, session, exitstatus) -> None:
         if self._state is not None:  # the run was interrupted inside a test
             self._end(self._state)
+        late = self._late_leaks()
         self.tracker.end_test()
         sites_full = site_table_full()
         if self.worker is not None:
             self.config.workeroutput["kvguard"] = {
+                "leaks": late,
                 "outside": self._outside_entries(),
                 "allocators": self.tracker.counters(),
                 "sites_full": sites_full,
             }
             return
         self.results.add_outside(self._outside_entries())
+        self.results.add_leaks(late)
         self.results.add_counters(self.tracker.counters())
         self.results.sites_full |= sites_full
         if self.results.outside_unexpected() and session.exitstatus == pytest.ExitCode.OK:
@@ -357,6 +382,7 @@ class Manager:
         data = getattr(node, "workeroutput", {}).get("kvguard")
         if data:
             self.results.add_outside(data.get("outside", ()))
+            self.results.add_leaks(data.get("leaks", ()))
             self.results.add_counters(data.get("allocators", {}))
             self.results.sites_full |= bool(data.get("sites_full"))
 

@@ -1,6 +1,6 @@
 """``@pytest.mark.kvguard(...)``: per-test settings, on a test, a class or a module.
 
-    @pytest.mark.kvguard(leaks="fail")   # this test's leaks fail it (or "warn", "off")
+    @pytest.mark.kvguard(leaks="fail")   # this test's leaks fail it ("warn", "summary", "off")
     @pytest.mark.kvguard(off=True)       # kvguard leaves this test alone
 
 Several markers merge, the closest to the test winning keyword by keyword, so a module can say
@@ -17,8 +17,8 @@ from .options import LEAKS
 
 MARKER = "kvguard"
 MARKER_HELP = (
-    "kvguard(leaks='warn'|'fail'|'off', off=False): kvguard settings for a test: what its "
-    "leaked blocks do, or off=True to leave it unguarded (allocators it creates are not "
+    "kvguard(leaks='summary'|'warn'|'fail'|'off', off=False): kvguard settings for a test: "
+    "what its leaked blocks do, or off=True to leave it unguarded (allocators it creates are not "
     "guarded and violations are not held against it)"
 )
 

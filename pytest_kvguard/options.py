@@ -13,7 +13,7 @@ import pytest
 
 MODES = ("raise", "log")
 STACKS = ("off", "cheap", "full")
-LEAKS = ("off", "warn", "fail")
+LEAKS = ("off", "summary", "warn", "fail")
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -27,7 +27,7 @@ _OPTIONAL_KEYWORDS = ("alloc", "pool_arg", "share", "id_attr", "refcount_attr", 
 class Settings:
     mode: str = "raise"
     stacks: str = "cheap"
-    leaks: str = "warn"
+    leaks: str = "summary"
     report: str | None = None
     """Absolute path of the JSON report, or None."""
     allocators: list = field(default_factory=list)

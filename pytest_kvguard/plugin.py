@@ -32,15 +32,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--kvguard-stacks", choices=STACKS, default=None,
                     help="call stacks kept per allocation and free site (default: cheap)")
     group.addoption("--kvguard-leaks", choices=LEAKS, default=None,
-                    help="blocks a test handed out and never freed: off, warn, or fail the "
-                         "test (default: warn)")
+                    help="blocks a test handed out and never freed: summary (listed at the "
+                         "end of the run if their allocator outlived the test, with the "
+                         "session's own; the default), warn (a warning per test), fail (the "
+                         "test's teardown fails), or off")
     group.addoption("--kvguard-report", default=None, metavar="PATH",
                     help="write every violation (with its test) and the counters per "
                          "allocator class to PATH as JSON")
     parser.addini("kvguard", "switch kvguard on (like -p kvguard)", type="bool", default=False)
     parser.addini("kvguard_mode", "default of --kvguard-mode", default="raise")
     parser.addini("kvguard_stacks", "default of --kvguard-stacks", default="cheap")
-    parser.addini("kvguard_leaks", "default of --kvguard-leaks", default="warn")
+    parser.addini("kvguard_leaks", "default of --kvguard-leaks", default="summary")
     parser.addini("kvguard_report", "default of --kvguard-report", default="")
     parser.addini("kvguard_allocators", "allocator classes to guard, one per line: "
                   "'package.module:Class' then AllocatorSpec keywords as key=value",

@@ -16,6 +16,7 @@ from collections import Counter
 from kvguard.report import Violation
 
 from .expect import kvguard_errors
+from .leaks import OUTSIDE_TESTS
 
 MAX_LISTED = 40
 """Tests listed by name in the terminal summary; the JSON report has them all."""
@@ -176,6 +177,15 @@ def summary_line(v: dict) -> str:
     return f"{v['kind']}{of} on {v['allocator']['name']}{at}"
 
 
+def _list_leaks(tr, leaks) -> None:
+    for v in leaks[:MAX_LISTED]:
+        at = f" handed out at {_where(v['call_stack'][0])}" if v["call_stack"] else ""
+        tr.write_line(f"  {v['nodeid']}: {len(v['block_ids'])} block(s) of "
+                      f"{v['allocator']['name']}{at}")
+    if len(leaks) > MAX_LISTED:
+        tr.write_line(f"  ... and {len(leaks) - MAX_LISTED} more")
+
+
 def _where(frame: dict) -> str:
     return f"{frame['file']}:{frame['line']} in {frame['function']}"
 
@@ -189,6 +199,7 @@ class Results:
     def __init__(self) -> None:
         self.violations: list[dict] = []
         self.leaks: list[dict] = []
+        self._outside_leaks: set = set()
         self.failed: dict[str, set] = {}
         self.outside: dict[tuple, dict] = {}
         self.allocators: dict[str, dict] = {}
@@ -205,6 +216,18 @@ class Results:
             self.leaks.append(dict(v, nodeid=report.nodeid))
         if payload.get("failed"):
             self.failed.setdefault(report.nodeid, set()).add(report.when)
+
+    def add_leaks(self, entries) -> None:
+        """Leaks judged at a process's end (``--kvguard-leaks=summary``), with their nodeid.
+        Workers each import the same modules: blocks one takes at import time arrive once per
+        worker, and are counted once."""
+        for entry in entries:
+            if entry["nodeid"] == OUTSIDE_TESTS:
+                key = (entry.get("summary"), tuple(entry.get("block_ids", ())))
+                if key in self._outside_leaks:
+                    continue
+                self._outside_leaks.add(key)
+            self.leaks.append(entry)
 
     def add_outside(self, entries) -> None:
         """Workers each collect the same modules: one misuse at import time arrives once
@@ -244,7 +267,8 @@ class Results:
             "expected_violations": len(self.violations) - len(unexpected),
             "tests_with_violations": len({v["nodeid"] for v in unexpected}),
             "leaked_blocks": sum(len(v["block_ids"]) for v in self.leaks),
-            "tests_with_leaks": len({v["nodeid"] for v in self.leaks}),
+            "tests_with_leaks": len({v["nodeid"] for v in self.leaks
+                                     if v["nodeid"] != OUTSIDE_TESTS}),
             "tests_failed_by_kvguard": sorted(self.failed),
             "site_table_full": self.sites_full,
         }
@@ -312,17 +336,22 @@ class Results:
             if len(unexpected) > MAX_LISTED:
                 tr.write_line(f"  ... and {len(unexpected) - MAX_LISTED} more "
                               "(--kvguard-report=PATH lists them all)")
-        if self.leaks:
-            modes = sorted({v.get("mode") for v in self.leaks})
-            tr.write_line(f"leaks ({', '.join(modes)}): {t['leaked_blocks']} block(s) in "
-                          f"{t['tests_with_leaks']} test(s) still live after teardown",
+        per_test = [v for v in self.leaks if v.get("mode") != "summary"]
+        if per_test:
+            modes = sorted({v.get("mode") for v in per_test})
+            blocks = sum(len(v["block_ids"]) for v in per_test)
+            tests = len({v["nodeid"] for v in per_test})
+            tr.write_line(f"leaks ({', '.join(modes)}): {blocks} block(s) in "
+                          f"{tests} test(s) still live after teardown",
                           yellow="fail" not in modes, red="fail" in modes)
-            for v in self.leaks[:MAX_LISTED]:
-                at = f" handed out at {_where(v['call_stack'][0])}" if v["call_stack"] else ""
-                tr.write_line(f"  {v['nodeid']}: {len(v['block_ids'])} block(s) of "
-                              f"{v['allocator']['name']}{at}")
-            if len(self.leaks) > MAX_LISTED:
-                tr.write_line(f"  ... and {len(self.leaks) - MAX_LISTED} more")
+            _list_leaks(tr, per_test)
+        late = [v for v in self.leaks if v.get("mode") == "summary"]
+        if late:
+            blocks = sum(len(v["block_ids"]) for v in late)
+            tr.write_line(f"leaks (summary): {blocks} block(s) still live at the end of the run, "
+                          "on allocators that outlived the test that took them (or the "
+                          "session's own)", yellow=True)
+            _list_leaks(tr, late)
         outside = self.outside_unexpected()
         if outside:
             tr.write_line(f"outside any test: {len(outside)} violation(s); they fail the run",

@@ -125,6 +125,12 @@ class Tracker:
         """One ``leak`` violation per guard and sub-pool holding live blocks handed out under
         any of ``owner_labels``, blamed on ``test``. ``only_changed`` skips guards with no
         hand-out since the previous scan (the previous test's teardown)."""
+        return [leak_violation(record, pool, record.ledgers[pool], ids, test, at)
+                for record, pool, ids in self.leaked(owner_labels, only_changed=only_changed)]
+
+    def leaked(self, owner_labels, *, only_changed: bool = True) -> list:
+        """``(record, pool, ids)`` of each guard and sub-pool holding live blocks handed out
+        under any of ``owner_labels``; see ``leaks()``."""
         wanted = None
         found = []
         for record in self.records():
@@ -139,9 +145,9 @@ class Tracker:
             if not wanted:
                 continue
             for pool, ledger in list(record.ledgers.items()):
-                ids = _owned_live(ledger, wanted)
+                ids = owned_live(ledger, wanted)
                 if ids:
-                    found.append(leak_violation(record, pool, ledger, ids, test, at))
+                    found.append((record, pool, ids))
         return found
 
 
@@ -163,7 +169,8 @@ SMALL_LEDGER = 4096
 """Up to this many blocks a plain loop scans faster than numpy's set-up."""
 
 
-def _owned_live(ledger, wanted) -> list[int]:
+def owned_live(ledger, wanted) -> list[int]:
+    """Live blocks of ``ledger`` handed out under one of the owner indices ``wanted``."""
     owner_of, origin, stamp = SITES.owner, ledger.origin, ledger.stamp
     if len(stamp) <= SMALL_LEDGER:
         return [b for b, s in enumerate(stamp) if s > 0 and owner_of(origin[b]) in wanted]

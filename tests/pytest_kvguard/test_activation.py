@@ -41,7 +41,7 @@ def test_each_switch_turns_it_on(suite, how, monkeypatch):
     result = suite.runpytest(*args)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*kvguard: duplicate-id of block 0 on LinkedFreeList#*"])
-    result.stdout.fnmatch_lines(["kvguard: on (mode=raise, stacks=cheap, leaks=warn)*"])
+    result.stdout.fnmatch_lines(["kvguard: on (mode=raise, stacks=cheap, leaks=summary)*"])
 
 
 def test_dormant_by_default(suite):

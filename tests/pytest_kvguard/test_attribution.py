@@ -316,7 +316,7 @@ def test_violations_in_a_guarded_but_off_test_are_not_held_against_it(suite):
 @pytest.mark.parametrize("marker, message", [
     ("kvguard('fail')", "takes keywords only"),
     ("kvguard(leak='fail')", "unknown keyword(s) leak"),
-    ("kvguard(leaks='always')", "leaks='always': choose one of 'off', 'warn', 'fail'"),
+    ("kvguard(leaks='always')", "leaks='always': choose one of 'off', 'summary', 'warn', 'fail'"),
     ("kvguard(off='yes')", "off='yes': use off=True or off=False"),
 ])
 def test_a_malformed_marker_errors_its_test_with_one_line(suite, marker, message):

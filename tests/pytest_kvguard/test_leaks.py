@@ -19,9 +19,9 @@ LEAKY = """
 """
 
 
-def test_leaks_warn_by_default(suite):
+def test_leaks_warn_per_test_on_request(suite):
     write(suite, LEAKY)
-    result = suite.runpytest("-p", "kvguard")
+    result = suite.runpytest("-p", "kvguard", "--kvguard-leaks=warn")
     result.assert_outcomes(passed=2, warnings=1)
     result.stdout.fnmatch_lines([
         "test_suite.py::test_leaky",
@@ -55,7 +55,7 @@ def test_leaks_fail_the_teardown_on_request(suite):
 
 def test_leak_warnings_made_errors_fail_the_teardown(suite):
     write(suite, LEAKY)
-    result = suite.runpytest("-p", "kvguard", "-W",
+    result = suite.runpytest("-p", "kvguard", "--kvguard-leaks=warn", "-W",
                              "error::pytest_kvguard.manager.KVGuardLeakWarning")
     result.assert_outcomes(passed=2, errors=1)
     result.stdout.fnmatch_lines(["*ERROR at teardown of test_leaky*",
@@ -232,3 +232,104 @@ def test_a_full_site_table_is_said_not_hidden(suite, monkeypatch):
     result.assert_outcomes(passed=2, errors=1)  # test_leaky's teardown still fails on its leak
     result.stdout.fnmatch_lines(["kvguard: the call-site table filled up during the run*"])
     assert '"site_table_full": true' in (suite.path / "report.json").read_text()
+
+
+# --- the default: --kvguard-leaks=summary ---------------------------------------------------
+
+OUTLIVING = """
+    import gc
+    import pytest
+    from kvguard.examples import LinkedFreeList
+
+    KEPT = LinkedFreeList(8)                   # a module global: outlives every test
+    AT_IMPORT = KEPT.allocate(1)               # the session's own, never freed
+
+    @pytest.fixture(scope="module")
+    def module_pool():
+        return LinkedFreeList(8)               # outlives test_module_leak, dies after the module
+
+    def test_dies_with_its_pool():
+        LinkedFreeList(8).allocate(3)          # the pool goes with the test: nothing to say
+
+    def test_kept_leak():
+        KEPT.allocate(2)
+
+    def test_kept_but_freed_later():
+        TAKEN.extend(KEPT.allocate(1))
+
+    def test_frees_it_again():
+        KEPT.free(TAKEN)
+
+    def test_module_leak(module_pool):
+        module_pool.allocate(2)
+
+    def test_a_full_collection_while_the_module_pool_lives(module_pool):
+        gc.collect()
+
+    TAKEN = []
+"""
+
+
+def test_summary_reports_only_allocators_that_outlive_the_test_once_at_the_end(suite):
+    write(suite, OUTLIVING)
+    result = suite.runpytest("-p", "kvguard", "-p", "no:randomly", "-rA",
+                             "--kvguard-report=report.json")
+    result.assert_outcomes(passed=6)
+    assert result.ret == pytest.ExitCode.OK and "KVGuardLeakWarning" not in result.stdout.str()
+    result.stdout.fnmatch_lines([
+        "*= kvguard =*",
+        "leaks (summary): 5 block(s) still live at the end of the run, on allocators that "
+        "outlived the test that took them (or the session's own)",
+    ])
+    result.stdout.fnmatch_lines_random([
+        "  test_suite.py::test_kept_leak: 2 block(s) of LinkedFreeList#* handed out at "
+        "*test_suite.py:16 in test_kept_leak",
+        "  test_suite.py::test_module_leak: 2 block(s) of LinkedFreeList#* handed out at "
+        "*test_suite.py:25 in test_module_leak",
+        "  outside any test: 1 block(s) of LinkedFreeList#* handed out at *test_suite.py:6*",
+    ])
+    out = result.stdout.str()
+    assert "test_dies_with_its_pool:" not in out and "test_kept_but_freed_later:" not in out
+    import json
+    data = json.loads((suite.path / "report.json").read_text())
+    assert {(v["nodeid"], len(v["block_ids"]), v["mode"]) for v in data["leaks"]} == {
+        ("test_suite.py::test_kept_leak", 2, "summary"),
+        ("test_suite.py::test_module_leak", 2, "summary"),
+        ("outside any test", 1, "summary")}
+    assert data["summary"]["leaked_blocks"] == 5 and data["summary"]["tests_with_leaks"] == 2
+
+
+def test_summary_says_nothing_when_every_leaking_pool_died_with_its_test(suite):
+    write(suite, LEAKY)
+    result = suite.runpytest("-p", "kvguard")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["kvguard: 2 allocators guarded*: no violations, no leaks"])
+
+
+def test_summary_under_xdist_sums_up_on_the_controller(suite):
+    pytest.importorskip("xdist")
+    write(suite, OUTLIVING.replace("def test_frees_it_again", "def test_frees_it_again_0")
+          .replace("KEPT.free(TAKEN)", "pass"))
+    result = suite.runpytest("-p", "kvguard", "-n", "2", "-p", "no:randomly",
+                             "--dist=loadfile")
+    result.assert_outcomes(passed=6)
+    result.stdout.fnmatch_lines([
+        "leaks (summary): 6 block(s) still live at the end of the run, on allocators*"])
+
+
+def test_fail_and_the_marker_stay_strict_per_test(suite):
+    write(suite, """
+        import pytest
+        from kvguard.examples import LinkedFreeList
+
+        @pytest.mark.kvguard(leaks="fail")
+        def test_strict():
+            LinkedFreeList(8).allocate(1)      # dies with the test, and still fails it
+
+        def test_default():
+            LinkedFreeList(8).allocate(1)
+    """)
+    result = suite.runpytest("-p", "kvguard", "-rA")
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(["ERROR test_suite.py::test_strict - kvguard: leak of block 0*"])
+    assert "test_default:" not in result.stdout.str()

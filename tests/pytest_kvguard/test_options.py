@@ -45,7 +45,7 @@ def test_stacks_off_keeps_no_allocation_stacks(suite):
 @pytest.mark.parametrize("ini, message", [
     ("kvguard_mode = loud", "ini kvguard_mode = 'loud': choose one of raise, log"),
     ("kvguard_stacks = deep", "ini kvguard_stacks = 'deep': choose one of off, cheap, full"),
-    ("kvguard_leaks = maybe", "ini kvguard_leaks = 'maybe': choose one of off, warn, fail"),
+    ("kvguard_leaks = maybe", "ini kvguard_leaks = 'maybe': choose one of off, summary, warn, fail"),
     ("kvguard_allocators = pool.Pool size=n", "start with the class as 'package.module:Class'"),
     ("kvguard_allocators = pool:Pool sized=n", "unknown keyword 'sized'"),
     ("kvguard_allocators = pool:Pool refcounted=maybe", "refcounted takes true or false"),

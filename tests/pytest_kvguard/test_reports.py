@@ -65,7 +65,7 @@ def test_one_quiet_line_when_all_is_clean(suite):
 
 def test_summary_counts_per_class_kind_and_lists_the_tests(suite):
     mixed(suite)
-    result = suite.runpytest("-p", "kvguard")
+    result = suite.runpytest("-p", "kvguard", "--kvguard-leaks=warn")
     result.assert_outcomes(passed=3, failed=1, warnings=1)
     result.stdout.fnmatch_lines([
         "*= kvguard =*",
@@ -121,14 +121,15 @@ def _check_json(path, files, import_time_guards=0, outside_kinds=()):
 def test_json_report_has_every_violation_with_its_test(suite):
     mixed(suite)
     suite.runpytest("-p", "kvguard", "--kvguard-report=out/report.json")
-    result = suite.runpytest("-p", "kvguard", "--kvguard-report=report.json")
+    result = suite.runpytest("-p", "kvguard", "--kvguard-leaks=warn",
+                             "--kvguard-report=report.json")
     result.stdout.fnmatch_lines(["kvguard: JSON report written to *report.json"])
     _check_json(suite.path / "report.json", files=1)
 
 
 def test_junitxml_has_the_report_and_a_property(suite):
     mixed(suite)
-    suite.runpytest("-p", "kvguard", "--junitxml=junit.xml")
+    suite.runpytest("-p", "kvguard", "--kvguard-leaks=warn", "--junitxml=junit.xml")
     root = ET.parse(suite.path / "junit.xml").getroot()
     cases = {c.get("name"): c for c in root.iter("testcase")}
     bad = cases["test_swallowed_0"]
@@ -157,7 +158,8 @@ def test_xdist_fails_the_right_tests_and_sums_up_on_the_controller(suite):
         def test_here():
             pass
     """, name="test_import_time")
-    result = suite.runpytest("-p", "kvguard", "-n", "2", "--kvguard-report=report.json",
+    result = suite.runpytest("-p", "kvguard", "-n", "2", "--kvguard-leaks=warn",
+                             "--kvguard-report=report.json",
                              "-p", "no:randomly", "-p", "no:benchmark")
     result.assert_outcomes(passed=10, failed=3, warnings=3)
     assert result.ret == pytest.ExitCode.TESTS_FAILED

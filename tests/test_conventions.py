@@ -109,3 +109,46 @@ def test_what_ruff_does_to_kvg_noqa_comments(tmp_path, with_setting):
     else:
         assert "RUF102" in found.stdout and "KVG101" in found.stdout, found.stdout
         assert "KVG101" not in after, after
+
+
+def test_the_project_points_to_nothing_outside_it():
+    # The docs and docstrings are self-contained: a clone has no ../shared/ beside it.
+    tracked = run(["git", "ls-files"], REPO).stdout.split() if (REPO / ".git").exists() else []
+    files = tracked or [str(p.relative_to(REPO)) for p in REPO.rglob("*")
+                        if p.suffix in (".md", ".py", ".toml", ".yaml") and p.is_file()]
+    offenders = []
+    for name in files:
+        path = REPO / name
+        if path.suffix not in (".md", ".py", ".toml", ".yaml", ".cfg", "") or not path.is_file():
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if name != "tests/test_conventions.py" and re.search(
+                r"SPEC\.md|STYLE\.md|\.\./shared|/work/(shared|notes)", text):
+            offenders.append(name)
+    assert offenders == []
+
+
+def test_readme_commands_that_ci_runs_are_there_once_and_agree():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    patterns = re.findall(r"grep -m1 '(\^[^']+)' README\.md", ci)
+    assert len(patterns) == 2, patterns
+    for pattern in patterns:
+        # grep's basic regex: \[ and \] are literal brackets, as in Python's.
+        hits = [line for line in readme.splitlines() if re.match(pattern, line)]
+        assert len(hits) == 1, (pattern, hits)
+    (test_line,) = [line for line in readme.splitlines() if re.match(patterns[1], line)]
+    assert test_line.startswith('pip install torch==2.13.0 && pip install -e ".[test]" && pytest')
+    (cpu,) = re.findall(r"^pip install (torch==\S+) --index-url https://download\.pytorch\.org"
+                        r"/whl/cpu$", readme, re.M)
+    assert cpu in test_line, "the CPU-index command installs the same torch as the test command"
+
+
+def test_readme_download_command_fetches_what_ci_downloads():
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    (loop,) = re.findall(r"^for pin in (.*?); do$", ci, re.M)
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    (command,) = re.findall(r"^pip download --no-deps (.*) -d ~/\.cache/kvguard-engines$",
+                            readme, re.M)
+    assert command.split() == loop.split(), (
+        "README's download command should list the pins of .ci/run's download loop")

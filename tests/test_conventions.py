@@ -57,6 +57,7 @@ def test_the_pre_commit_hook_runs_kvguard_lint(tmp_path):
     project = git_repo(tmp_path / "project", {"bad.py": BAD, "good.py": GOOD})
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PRE_COMMIT_HOME"] = str(tmp_path / "pre-commit-home")
+    env["PIP_NO_COMPILE"] = "1"  # the hook's environment is used once: no bytecode for it
     # try-repo installs the hook from this checkout (its HEAD plus uncommitted changes) into an
     # environment of its own, as a project's .pre-commit-config.yaml would.
     command = [sys.executable, "-m", "pre_commit", "try-repo", str(REPO), "kvguard-lint"]

@@ -362,4 +362,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    import results  # --write-docs: what this prints becomes its section of docs/cost.md
+    sys.exit(results.main(main))

@@ -23,6 +23,7 @@ import inspect
 import itertools
 import logging
 import operator
+import os
 import random
 import threading
 import weakref
@@ -31,7 +32,7 @@ from collections import Counter, deque
 from . import kinds
 from .errors import ERROR_FOR_KIND, KVGuardError, error_for
 from .fastread import ITERATORS, plain_ids
-from .ids import Fault, normalize, result_ids, torch_tensor_type
+from .ids import Fault, like, normalize, result_ids, torch_tensor_type
 from .ledger import OWNERS, Ledger, _current_owner, current_owner
 from .report import BlockHistory, Operation, Violation
 from .spec import DEFAULT_SPEC, AllocatorSpec, per_pool, read
@@ -71,6 +72,39 @@ def step_aside_when(predicate):
         if _step_aside[0] is predicate:
             _step_aside[0] = None
     return remove
+
+
+class _Emissions:
+    """Log lines the guard could not emit: a handler or filter on the ``kvguard`` logger that
+    raises (disk full, a JSON handler without ``handleError``) costs the line, never the call."""
+
+    lost = 0
+
+
+EMISSIONS = _Emissions()
+
+
+def emit(level: int, message: str, *args, **kwargs) -> None:
+    """Log through the ``kvguard`` logger; never raises (see ``_Emissions``)."""
+    try:
+        logger.log(level, message, *args, **kwargs)
+    except Exception:
+        EMISSIONS.lost += 1
+
+
+def _after_fork_in_child() -> None:
+    """A fork copies a lock held by another thread as held, and that thread does not exist in
+    the child: the child's first guarded call would wait forever. Every guard's lock starts
+    free in the child. (A call that was under way in the parent is not replayed: the child's
+    ledger is as it was before that call.)"""
+    for g in list(_GUARDS):
+        reinit = getattr(g._lock, "_at_fork_reinit", None)
+        if reinit is not None:
+            reinit()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def subscribe(callback):
@@ -137,6 +171,17 @@ class Stats:
 
     def __repr__(self) -> str:
         return f"Stats({self.to_dict()})"
+
+
+LIMIT = 1 << 30
+"""Largest count a guard option takes: far past any use, and small enough for every deque,
+counter and random draw that holds one (``history=10**20`` would overflow at the first call)."""
+
+
+def _check_range(name: str, value, least: int, meaning: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= LIMIT:
+        raise ValueError(f"{name} must be an int >= {least} and <= {LIMIT} ({meaning}), "
+                         f"not {value!r}")
 
 
 def _parameters(method) -> tuple:
@@ -226,9 +271,10 @@ class Guard:
             raise ValueError(f"stacks must be one of {', '.join(DEPTH)}, not {stacks!r}")
         if not isinstance(spec, AllocatorSpec):
             raise TypeError(f"spec must be a kvguard.AllocatorSpec, not {type(spec).__name__}")
-        if isinstance(sample, bool) or not isinstance(sample, int) or sample < 1:
-            raise ValueError(f"sample must be an int >= 1 (stacks of one call in N), "
-                             f"not {sample!r}")
+        _check_range("sample", sample, 1, "stacks of one call in N")
+        _check_range("history", history, 0, "operations in the flight recorder")
+        _check_range("max_violations", max_violations, 1, "violations kept")
+        _check_range("log_every", log_every, 1, "log one repeat in N")
         self.spec = spec
         self.mode = on_violation
         self.stacks = stacks
@@ -264,6 +310,7 @@ class Guard:
         self._baseline = None
         self._learn = learn
         self._fast = bool(fast_path)
+        self._learn_budget = None
         self._attach(allocator)
 
     # --- attaching ---------------------------------------------------------------------------
@@ -296,6 +343,8 @@ class Guard:
         self.ledger(self._default_pool())
         self._bound = {m: engine_method(allocator, m) for m in spec.methods()}
         self._install()
+        self._originals.setdefault("__reduce_ex__", own.get("__reduce_ex__", _MISSING))
+        own["__reduce_ex__"] = self._reduce_hook()
         own[_ATTR] = self
         _GUARDS.add(self)
         if spec.adapter is not None:  # an engine adapter's extra wrappers (kvguard.adapters)
@@ -324,24 +373,50 @@ class Guard:
             # share: no spec can list those, so a refcounted pool learns them on their share.
             self._learn_shares = spec.refcounted
             return
+        out = self._blocks_out(allocator)
         if self._learn is None:
-            self._learn = self._blocks_out(allocator)
+            self._learn = bool(out) and any(out.values())
         self._learn_shares = spec.refcounted and bool(self._learn)
-        for ledger in self._ledgers.values():
+        # At most as many ids are learned as were out at attach (per pool): past that, an id
+        # the guard never saw handed out is foreign-id again. Unknown counts: no bound.
+        self._learn_budget = out if self._learn and out is not None else None
+        for pool, ledger in self._ledgers.items():
             ledger.learn = self._learn
+            ledger.learn_budget = self._budget(pool)
+        n = sum(out.values()) if self._learn and out else 0
+        if n:
+            emit(logging.INFO, "kvguard: %s attached while %d block(s) were out: up to %d "
+                 "id(s) it never saw handed out are learned as live on their first free; past "
+                 "that, an unknown id is foreign-id", self.name, n, n)
 
-    def _blocks_out(self, allocator) -> bool:
-        """Whether the allocator had blocks handed out before the guard came."""
+    def _blocks_out(self, allocator):
+        """How many blocks the allocator had handed out before the guard came, per pool
+        (``{pool: count}``; ``None`` when its spec gives no size and free count to tell)."""
         if self._baseline is None or self.spec.size is None:
-            return False
+            return None
         try:
             size = read(allocator, self.spec.size)
         except Exception:
-            return False
+            return None
+        keyed = self.spec.pool_arg is not None
         if isinstance(self._baseline, dict):
-            return any(per_pool(size, p) is not None and c < per_pool(size, p)
-                       for p, c in self._baseline.items())
-        return isinstance(size, int) and self._baseline < size
+            out = {}
+            for p, c in self._baseline.items():
+                total = per_pool(size, p)
+                if not isinstance(total, int):
+                    return None
+                key = p if keyed else None
+                out[key] = out.get(key, 0) + max(total - c, 0)
+            return out
+        if not isinstance(size, int):
+            return None
+        return {None: max(size - self._baseline, 0)}
+
+    def _budget(self, pool):
+        budget = self._learn_budget
+        if budget is None:
+            return None
+        return budget.get(pool, 0)
 
     def _default_pool(self):
         if self.spec.pool_arg is None:
@@ -365,6 +440,7 @@ class Guard:
                 size = None
         ledger = self._ledgers[pool] = Ledger(size, pool, refcounted=self.spec.refcounted,
                                               learn=bool(self._learn))
+        ledger.learn_budget = self._budget(pool)
         return ledger
 
     def unguard(self) -> None:
@@ -387,6 +463,43 @@ class Guard:
                 getattr(watcher, "detach", lambda: None)()
             self._watchers.clear()
             _GUARDS.discard(self)
+
+    def _reduce_hook(self):
+        """The allocator's ``__reduce_ex__`` while guarded. ``copy.copy``, ``copy.deepcopy`` and
+        ``pickle`` look it up on the instance: they get the allocator's own reduction with the
+        guard's wrappers taken out of its state, so a copy is an unguarded, correct copy (its
+        ``free`` frees on itself, not on the original) and a pickle holds the unguarded state.
+        """
+        guard = self
+
+        def __reduce_ex__(protocol):
+            allocator = guard.allocator
+            reduction = type(allocator).__reduce_ex__(allocator, protocol)
+            if not isinstance(reduction, tuple) or len(reduction) < 3:
+                return reduction
+            state = reduction[2]
+            if isinstance(state, dict):
+                state = guard._unguarded(state)
+            elif (isinstance(state, tuple) and len(state) == 2
+                  and isinstance(state[0], dict)):  # (__dict__, __slots__ values)
+                state = (guard._unguarded(state[0]), state[1])
+            return reduction[:2] + (state,) + reduction[3:]
+        return __reduce_ex__
+
+    def _unguarded(self, state: dict) -> dict:
+        """An instance ``__dict__`` as it would be without the guard (a new dict)."""
+        allocator = self.allocator
+        own = vars(allocator) if allocator is not None else {}
+        out = dict(state)
+        if out.get(_ATTR) is self:
+            del out[_ATTR]
+        for name, original in self._originals.items():
+            if name in out and out[name] is own.get(name):
+                if original is _MISSING:
+                    del out[name]
+                else:
+                    out[name] = original
+        return out
 
     def _original(self, allocator, method):
         """The method as it was before the guard shadowed it."""
@@ -684,7 +797,8 @@ class Guard:
                     site = capture(1, depth, owner_var())
                 except Exception as exc:
                     site = guard._site_failed(exc)
-                guard._protect(guard._after_alloc, args, kwargs, result, site)
+                seen, result = _one_shot(result)
+                guard._protect(guard._after_alloc, args, kwargs, seen, site)
                 return result
             finally:
                 unlock()
@@ -719,8 +833,8 @@ class Guard:
     def _internal_error(self, exc: BaseException) -> None:
         self.stats.internal_errors += 1
         if self.stats.internal_errors == 1:
-            logger.error("kvguard: internal error in the guard of %s, call forwarded unchecked "
-                         "(logged once per guard): %r", self.name, exc, exc_info=exc)
+            emit(logging.ERROR, "kvguard: internal error in the guard of %s, call forwarded "
+                 "unchecked (logged once per guard): %r", self.name, exc, exc_info=exc)
 
     def _pool(self, method: str, args, kwargs):
         param = self._pool_params.get(method)
@@ -786,12 +900,19 @@ class Guard:
                 "would go back on the free list and the block would be handed to two owners; "
                 "de-duplicate the ids (were two sources concatenated?)"), dups))
         good, learned, foreign, double, out_of_range = [], [], [], [], []
+        unknown = 0  # ids never seen, learned by this call (bounded by the ledger's budget)
         for b in unique:
             if not ledger.in_range(b):
                 out_of_range.append(b)
             elif b >= len(stamp) or stamp[b] == 0:
-                (learned if (self._learn_shares if is_share else ledger.learn)
-                 else foreign).append(b)
+                if is_share:
+                    (learned if self._learn_shares else foreign).append(b)
+                elif ledger.learn and (ledger.learn_budget is None
+                                       or unknown < ledger.learn_budget):
+                    learned.append(b)
+                    unknown += 1
+                else:
+                    foreign.append(b)
             elif stamp[b] < 0 and not is_share:
                 (learned if b in ledger.uncertain else double).append(b)
             else:
@@ -926,16 +1047,21 @@ class Guard:
             for b, obj in zip(norm.ids, norm.objects):
                 first.setdefault(b, obj)
             held = plan.held_objects
-            return [first[b] if b in first else held[b] for b in ids] + norm.passthrough
+            objects = [first[b] if b in first else held[b] for b in ids] + norm.passthrough
+            return tuple(objects) if type(norm.given) is tuple else objects
         if norm.tensor is not None and self.spec.tensor_ok:
             torch = __import__("torch")
             return torch.tensor(ids, dtype=norm.tensor.dtype, device=norm.tensor.device)
-        return list(ids)
+        return like(norm.given, ids)
 
     def _commit_release(self, plan) -> None:
         ledger = plan.ledger
         clock = self._tick()
         if plan.learned:
+            if ledger.learn_budget is not None and plan.method != self.spec.share:
+                ledger.learn_budget -= sum(1 for b in plan.learned if not ledger.seen(b))
+                if ledger.learn_budget <= 0:
+                    ledger.learn = False
             ledger.adopt(plan.learned, clock)
             self.stats.learned += len(plan.learned)
         ids = plan.good + plan.learned
@@ -1185,12 +1311,15 @@ class Guard:
                 self._internal_error(exc)
 
     def _log(self, violation: Violation) -> None:
-        key = (violation.kind, violation.summary())
-        self._logged[key] += 1
-        n = self._logged[key]
-        if n == 1 or n % self._log_every == 0:
-            again = f" (occurrence {n})" if n > 1 else ""
-            logger.warning("%s%s", violation.render(), again)
+        try:
+            key = (violation.kind, violation.summary())
+            self._logged[key] += 1
+            n = self._logged[key]
+            if n == 1 or n % self._log_every == 0:
+                again = f" (occurrence {n})" if n > 1 else ""
+                emit(logging.WARNING, "%s%s", violation.render(), again)
+        except Exception:  # rendering failed: the violation is still recorded and counted
+            EMISSIONS.lost += 1
 
     def report(self, violation: Violation) -> None:
         """Record a violation found by a helper outside the call paths (cache checks)."""
@@ -1395,6 +1524,31 @@ def _int_tensor_ids(value):
     return value.tolist()
 
 
+def _one_shot(result):
+    """``(what the ledger reads, what the caller gets)`` for an allocation's result. A one-shot
+    iterator (a generator, ``map``, ``iter(list)``) can be read only once: the guard drains it
+    into a list and the caller gets a fresh iterator over the same ids, which fails the way the
+    original did, at the same point, if the allocator's iterator raised midway. Anything else
+    is read in place and handed back untouched."""
+    try:
+        if iter(result) is not result:
+            return result, result
+    except Exception:
+        return result, result
+    items: list = []
+    try:
+        for item in result:
+            items.append(item)
+    except Exception as exc:
+        return items, _then_raise(list(items), exc)
+    return items, iter(list(items))
+
+
+def _then_raise(items, exc):
+    yield from items
+    raise exc
+
+
 def _more(ids) -> str:
     return f" (and {len(ids) - 1} more: {list(ids[1:9])})" if len(ids) > 1 else ""
 
@@ -1431,21 +1585,28 @@ def _sampled_capture(every: int):
     return sampled
 
 
-def guard(allocator, spec: AllocatorSpec | None = None, *, on_violation: str = "raise",
-          stacks: str = "cheap", name: str | None = None, **options) -> Guard:
+def guard(allocator, spec: AllocatorSpec | None = None, *, on_violation: str | None = None,
+          stacks: str | None = None, name: str | None = None, **options) -> Guard:
     """Instrument ``allocator`` in place and return its ``Guard``.
 
-    ``spec=None`` looks the allocator's class up among registered specs, then falls back to
-    methods named ``allocate``/``free``. Guarding an already guarded allocator returns its
-    guard unchanged (a second, different request is an error rather than a silent no-op).
+    ``on_violation`` defaults to ``"raise"`` and ``stacks`` to ``"cheap"``. ``spec=None`` looks
+    the allocator's class up among registered specs, then falls back to methods named
+    ``allocate``/``free``. Guarding an already guarded allocator returns its guard unchanged;
+    asking it for another spec, mode or stacks is an error (``unguard()`` it first), never a
+    silent no-op.
     """
     existing = guard_of(allocator)
     if existing is not None:
-        if spec is not None and spec != existing.spec:
-            raise ValueError(f"{existing.name} is already guarded with another spec; "
-                             "unguard() it first")
+        asked = {"spec": (spec, existing.spec), "on_violation": (on_violation, existing.mode),
+                 "stacks": (stacks, existing.stacks)}
+        for what, (wanted, present) in asked.items():
+            if wanted is not None and wanted != present:
+                shown = "another spec" if what == "spec" else f"{what}={present!r}"
+                raise ValueError(f"{existing.name} is already guarded with {shown}; "
+                                 "unguard() it first")
         return existing
     if spec is None:
         from .registry import spec_for
         spec = spec_for(type(allocator)) or DEFAULT_SPEC
-    return Guard(allocator, spec, on_violation=on_violation, stacks=stacks, name=name, **options)
+    return Guard(allocator, spec, on_violation=on_violation or "raise", stacks=stacks or "cheap",
+                 name=name, **options)

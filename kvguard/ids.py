@@ -45,6 +45,8 @@ class Normalized:
     """The ids came from a one-shot iterator the guard had to drain."""
     materialized: list | None = None
     """What the drained iterator yielded, to forward in its place."""
+    given: object = None
+    """The value as the caller passed it: a repaired call is rebuilt in its container type."""
 
 
 def torch_tensor_type():
@@ -81,7 +83,39 @@ def normalize(value, *, tensor_ok=False, id_attr=None, skip=None, iterator_ok=Fa
     A one-shot iterator is a ``consumed-iterable`` fault unless ``iterator_ok`` (the allocator
     copies its argument first). It is drained only with ``iterator_ok`` or ``consume`` (repair
     mode forwards the drained list); otherwise the caller's iterator is left untouched.
+    A value whose ids cannot be read at all (a ``meta`` tensor has no values; an ``__index__``
+    that raises) is ``invalid-id``, whatever its reading raised.
     """
+    try:
+        out = _normalize(value, tensor_ok, id_attr, skip, iterator_ok, consume, what)
+    except Exception as exc:
+        out = Normalized([], [Fault(kinds.INVALID_ID, (
+            f"{what} got {describe(value)} whose block ids cannot be read: {exc!r}"))])
+    out.given = value
+    return out
+
+
+def like(given, ids: list):
+    """``ids`` (plain ints) in the container the caller passed: what a repaired call forwards,
+    so that an allocator taking one type (refcounts indexed by an ndarray of its dtype, a tuple,
+    a single int) gets that type. A tensor is rebuilt by the guard, which knows whether the
+    allocator takes tensors; a container that cannot hold the ids (a bool mask, a float array,
+    a one-shot iterator already drained) becomes a list."""
+    tp = type(given)
+    if tp is tuple:
+        return tuple(ids)
+    if (tp is int or (_numpy() is not None and isinstance(given, _numpy().integer))) \
+            and len(ids) == 1:
+        return tp(ids[0])
+    if tp is set or tp is frozenset:
+        return tp(ids)
+    np = _numpy()
+    if np is not None and tp is np.ndarray:
+        return np.asarray(ids, dtype=given.dtype if given.dtype.kind in "iu" else np.int64)
+    return list(ids)
+
+
+def _normalize(value, tensor_ok, id_attr, skip, iterator_ok, consume, what) -> Normalized:
     tp = type(value)
     if tp is list or tp is tuple:
         quick = _plain_items(value, id_attr, skip)
@@ -181,7 +215,10 @@ def _has_path(item, path: str) -> bool:
 
 
 def _short_repr(value, limit: int = 40) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except Exception:  # the caller's own __repr__ is broken: name the type instead
+        text = f"<{describe(value)}>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -227,6 +264,9 @@ def _read_items(items, out, tensor_ok, id_attr, skip, what, Tensor, np) -> None:
             except TypeError:
                 invalid.append((_short_repr(raw), f"is a {describe(raw)}, not an integer"))
                 continue
+            except Exception as exc:  # an __index__ of the caller's own that raises
+                invalid.append((_short_repr(raw), f"cannot be read as an integer ({exc!r})"))
+                continue
         if value < 0:
             invalid.append((str(value), "is negative"))
             continue
@@ -259,6 +299,9 @@ def _tensor_element(t, tensor_ok, bools, tensors, invalid):
     if t.dim() != 0:
         invalid.append((_short_repr(t), f"is a {t.dim()}-D tensor inside the ids"))
         return None
+    if t.is_meta:
+        invalid.append((_short_repr(t), "is a meta tensor element: it has no value"))
+        return None
     if t.dtype.is_floating_point or t.dtype.is_complex:
         invalid.append((repr(t.item()), f"is a {t.dtype} tensor element"))
         return None
@@ -281,6 +324,10 @@ def _read_tensor(t, out, tensor_ok, what) -> None:
     if t.dim() > 1:
         out.faults.append(Fault(kinds.INVALID_ID, f"{what} got a {t.dim()}-D tensor of shape "
                                 f"{tuple(t.shape)}; block ids are 1-D"))
+        return
+    if t.is_meta:
+        out.faults.append(Fault(kinds.INVALID_ID, f"{what} got a meta tensor: it has a shape "
+                                "but no values, so it holds no block ids"))
         return
     values = t.reshape(-1).tolist()
     if dtype is _torch_bool():

@@ -116,6 +116,9 @@ class Ledger:
         self.refcounted = refcounted
         self.learn = learn
         """Accept frees of never-seen ids as blocks handed out before the guard attached."""
+        self.learn_budget: int | None = None
+        """How many more never-seen ids ``learn`` accepts (the blocks that were out at attach,
+        less those learned since); None: no bound known. At 0 ``learn`` turns off."""
         self.adopted = 0
         """Blocks made live without a hand-out the guard saw (seeded or learned)."""
         self.uncertain: set = set()

@@ -20,6 +20,8 @@ import functools
 import importlib.abc
 import importlib.util
 import inspect
+import logging
+import os
 import sys
 import threading
 
@@ -31,8 +33,11 @@ _instrumented: dict | None = None  # guard() keywords while instrument() is on
 _patched: dict[type, object] = {}  # class -> its original __init__ (or _ABSENT)
 _dispatched: dict[tuple, object] = {}  # (class, method name) -> the function it defined
 _ABSENT = object()
+_UNPATCHABLE = object()  # a class whose __init__ cannot be set: noted once, left alone
 _lock = threading.RLock()
 _constructing = threading.local()
+if hasattr(os, "register_at_fork"):  # a fork during another thread's import or register()
+    os.register_at_fork(after_in_child=_lock._at_fork_reinit)
 
 
 def _dotted(cls_or_name) -> str:
@@ -154,17 +159,26 @@ def _patch_if_imported(name: str) -> None:
 
 
 def _patch(cls: type) -> None:
+    """Guard each new instance of ``cls`` once its constructor is done. A class that cannot be
+    patched (a C type such as ``decimal.Decimal``: its ``__init__`` is read-only) stays unguarded,
+    said in one error line: instrumenting never breaks an import or a constructor."""
     if cls in _patched:
         return
     original = cls.__dict__.get("__init__", _ABSENT)
     init = cls.__init__
+    # A class built in __new__ alone has object.__init__, which refuses the constructor's
+    # arguments once __init__ is no longer object's own: call it bare, as Python would.
+    bare = init is object.__init__
 
     @functools.wraps(init)
     def __init__(self, *args, **kwargs):
         depth = getattr(_constructing, "depth", 0)
         _constructing.depth = depth + 1
         try:
-            init(self, *args, **kwargs)
+            if bare:
+                init(self)
+            else:
+                init(self, *args, **kwargs)
         finally:
             _constructing.depth = depth
         # Guard once the outermost constructor is done, so a subclass's own set-up is included.
@@ -172,12 +186,21 @@ def _patch(cls: type) -> None:
             _guard_new(self)
 
     __init__.__kvguard_patch__ = True
+    try:
+        cls.__init__ = __init__
+    except (TypeError, AttributeError) as exc:
+        from .guard import emit
+        emit(logging.ERROR, "kvguard: cannot guard instances of %s: %s (it runs unguarded)",
+             _dotted(cls), exc)
+        _patched[cls] = _UNPATCHABLE
+        return
     _patched[cls] = original
-    cls.__init__ = __init__
 
 
 def _unpatch(cls: type) -> None:
     original = _patched.pop(cls)
+    if original is _UNPATCHABLE:
+        return
     if original is _ABSENT:
         try:
             del cls.__init__
@@ -191,14 +214,16 @@ def _guard_new(obj) -> None:
     from .guard import guard, guard_of
     if guard_of(obj) is not None:
         return
-    options = _instrumented or {}
+    # Attached at construction: a block that is not free now was reserved by the constructor
+    # (a null block, padding), never handed out, so freeing it is foreign-id, not learned.
+    options = {"learn": False, **(_instrumented or {})}
     try:
         g = guard(obj, **options)
     except Exception as exc:
         if options.get("on_violation", "raise") == "raise":
             raise
-        from .guard import logger
-        logger.error("kvguard: could not guard a new %s: %r", type(obj).__qualname__, exc)
+        from .guard import emit
+        emit(logging.ERROR, "kvguard: could not guard a new %s: %r", type(obj).__qualname__, exc)
         return
     shadowed = [name for name, value in vars(obj).items()
                 if getattr(value, "__kvguard__", None) is g]

@@ -114,12 +114,13 @@ def config_from_env(environ=None) -> StagingConfig | None:
     environ = os.environ if environ is None else environ
     if not enabled(environ):
         return None
+    from .guard import LIMIT
     mode = _choice(environ, "KVGUARD_MODE", MODES, "log")
-    sample = _count(environ, "KVGUARD_SAMPLE", 1, 1)
+    sample = _count(environ, "KVGUARD_SAMPLE", 1, 1, LIMIT)
     stacks = _choice(environ, "KVGUARD_STACKS", STACKS, "full" if sample > 1 else "cheap")
-    history = _count(environ, "KVGUARD_HISTORY", 32, 0)
-    log_every = _count(environ, "KVGUARD_LOG_EVERY", 100, 1)
-    max_mb = _count(environ, "KVGUARD_LOG_MAX_MB", 64, 1)
+    history = _count(environ, "KVGUARD_HISTORY", 32, 0, LIMIT)
+    log_every = _count(environ, "KVGUARD_LOG_EVERY", 100, 1, LIMIT)
+    max_mb = _count(environ, "KVGUARD_LOG_MAX_MB", 64, 1, 1 << 20)
     log = environ.get("KVGUARD_LOG", "").strip() or None
     register = tuple(parse_register(environ.get("KVGUARD_REGISTER", "")))
     run = environ.get("KVGUARD_RUN", "").strip() or None
@@ -137,7 +138,9 @@ def _choice(environ, name, choices, default) -> str:
     return value
 
 
-def _count(environ, name, default, least) -> int:
+def _count(environ, name, default, least, most) -> int:
+    """A whole-number setting inside its range: a value past it would pass here and then fail
+    every guard() (``KVGUARD_HISTORY=10**20`` overflows the flight recorder)."""
     text = environ.get(name, "").strip()
     if not text:
         return default
@@ -145,8 +148,8 @@ def _count(environ, name, default, least) -> int:
         value = int(text)
     except ValueError:
         value = least - 1
-    if value < least:
-        raise ValueError(f"{name}={text!r}: expected a whole number >= {least}")
+    if not least <= value <= most:
+        raise ValueError(f"{name}={text!r}: expected a whole number >= {least} and <= {most}")
     return value
 
 
@@ -442,8 +445,9 @@ class JsonLinesSink:
     def _fail(self, exc: BaseException) -> None:
         if not self.failed:
             self.failed = True
-            logger.error("kvguard: cannot write violation reports to %s (staging goes on "
-                         "without its JSON lines): %r", self.path or self.template, exc)
+            from .guard import emit
+            emit(logging.ERROR, "kvguard: cannot write violation reports to %s (staging goes "
+                 "on without its JSON lines): %r", self.path or self.template, exc)
 
 
 class _Remains:

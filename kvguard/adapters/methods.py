@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 
-from ..guard import _MISSING, engine_method
+from ..guard import _MISSING, _one_shot, engine_method
 from ..errors import error_for
 from ..ids import normalize
 from ..ledger import _current_owner
@@ -71,7 +71,8 @@ def allocating(name, convert=None):
                 with lock:
                     result = original(*args, **kwargs)
                     site = _site(guard, _current_owner.get())
-                    guard._protect(after, args, kwargs, result, site)
+                    seen, result = _one_shot(result)
+                    guard._protect(after, args, kwargs, seen, site)
                     return result
             return wrapper
         _shadow(guard, name, build)

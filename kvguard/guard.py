@@ -1311,15 +1311,12 @@ class Guard:
                 self._internal_error(exc)
 
     def _log(self, violation: Violation) -> None:
-        try:
-            key = (violation.kind, violation.summary())
-            self._logged[key] += 1
-            n = self._logged[key]
-            if n == 1 or n % self._log_every == 0:
-                again = f" (occurrence {n})" if n > 1 else ""
-                emit(logging.WARNING, "%s%s", violation.render(), again)
-        except Exception:  # rendering failed: the violation is still recorded and counted
-            EMISSIONS.lost += 1
+        key = (violation.kind, violation.summary())
+        self._logged[key] += 1
+        n = self._logged[key]
+        if n == 1 or n % self._log_every == 0:
+            again = f" (occurrence {n})" if n > 1 else ""
+            emit(logging.WARNING, "%s%s", violation.render(), again)
 
     def report(self, violation: Violation) -> None:
         """Record a violation found by a helper outside the call paths (cache checks)."""

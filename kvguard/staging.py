@@ -148,7 +148,9 @@ def _count(environ, name, default, least, most) -> int:
         value = int(text)
     except ValueError:
         value = least - 1
-    if not least <= value <= most:
+    if value < least:
+        raise ValueError(f"{name}={text!r}: expected a whole number >= {least}")
+    if value > most:
         raise ValueError(f"{name}={text!r}: expected a whole number >= {least} and <= {most}")
     return value
 

@@ -425,7 +425,6 @@ def test_staging_registers_a_c_type_and_a_new_only_class_without_breaking(tmp_pa
 @pytest.mark.parametrize("name, value", [
     ("KVGUARD_HISTORY", "100000000000000000000"), ("KVGUARD_SAMPLE", str(1 << 70)),
     ("KVGUARD_LOG_EVERY", str(1 << 70)), ("KVGUARD_LOG_MAX_MB", str(1 << 70)),
-    ("KVGUARD_HISTORY", "1e20"),
 ])
 def test_out_of_range_settings_are_refused_with_their_range(name, value):
     from kvguard.staging import config_from_env

@@ -370,3 +370,33 @@ def test_multiprocess_mode_a_forked_child_adds_only_its_own_calls(tmp_path, stag
     assert child == {"alloc_calls": 1, "free_calls": 2, "double-free": 1, "live": 5}
     assert parse(prometheus_client.generate_latest(registry_).decode(), MAIN) == expected(
         total, 0, guards=0, cls=MAIN), "both exited: counters summed once, gauges zero"
+
+
+def test_vllms_own_block_pool_by_its_method_names():
+    """vLLM 0.33.0's BlockPool, loaded from the wheel in the engine cache: calls are labelled by
+    the pool's own methods, and the blocks it holds (and shares) are the ledger's."""
+    from tests.adapters import engines
+    with engines.loaded("vllm") as vllm:
+        class MetricsBlockPool(vllm.BlockPool):
+            """vLLM's pool under a name no other test's guard has (its spec: the built-in)."""
+
+        pool = MetricsBlockPool(num_gpu_blocks=16, enable_caching=True, hash_block_size=16)
+        g = kvguard.guard(pool, on_violation="repair")
+        a = pool.get_new_blocks(4)
+        pool.touch(a[:2])
+        pool.free_blocks(a[:2])
+        pool.free_blocks([a[3], a[3]])  # duplicate-id, repaired
+        registry_ = prometheus_client.CollectorRegistry()
+        registry_.register(metrics.Collector())
+        cls = f"{__name__}.{MetricsBlockPool.__qualname__}"
+        scraped = parse(prometheus_client.generate_latest(registry_).decode(), cls)
+        stats = g.stats.to_dict()
+        assert g.allocator_class == cls and stats["violations"] == {"duplicate-id": 1}
+        calls = {dict(labels)["method"]: v for (name, labels), v in scraped.items()
+                 if name == "kvguard_calls_checked_total"}
+        assert calls == {"get_new_blocks": 1.0, "free_blocks": 2.0, "touch": 1.0}
+        assert scraped[("kvguard_blocks_live", frozenset({"allocator": cls}.items()))] == \
+            len(g.live) == 3
+        assert scraped[("kvguard_violations_total", frozenset(
+            {"allocator": cls, "kind": "duplicate-id"}.items()))] == 1.0
+        g.unguard()

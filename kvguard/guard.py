@@ -223,7 +223,7 @@ class _Param:
         if isinstance(where, int):
             self.pos = where
             self.found = self.found or where < len(params)
-            if where < len(params) and params[where].kind != params[where].KEYWORD_ONLY:
+            if where < len(params):  # keyword-only too: free(self, *, ids) takes ids=...
                 self.name = params[where].name
                 self.default = params[where].default
                 if self.default is inspect.Parameter.empty:
@@ -452,6 +452,10 @@ class Guard:
             self.release_quarantine()
             own = vars(allocator)
             for method, original in self._originals.items():
+                present = own.get(method)
+                if getattr(present, "__kvguard__", None) is not self and \
+                        getattr(present, "__kvguard_hook__", None) is not self:
+                    continue  # replaced since by someone else: theirs stays
                 if original is _MISSING:
                     own.pop(method, None)
                 else:
@@ -474,6 +478,7 @@ class Guard:
 
         def __reduce_ex__(protocol):
             allocator = guard.allocator
+            guard.release_quarantine()  # the copy must see every block its caller freed
             reduction = type(allocator).__reduce_ex__(allocator, protocol)
             if not isinstance(reduction, tuple) or len(reduction) < 3:
                 return reduction
@@ -484,6 +489,7 @@ class Guard:
                   and isinstance(state[0], dict)):  # (__dict__, __slots__ values)
                 state = (guard._unguarded(state[0]), state[1])
             return reduction[:2] + (state,) + reduction[3:]
+        __reduce_ex__.__kvguard_hook__ = self  # not __kvguard__: no method to dispatch to
         return __reduce_ex__
 
     def _unguarded(self, state: dict) -> dict:

@@ -9,6 +9,7 @@ import copy
 import logging
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import textwrap
@@ -371,12 +372,15 @@ FORK = textwrap.dedent('''
 def test_fork_while_a_thread_holds_the_guards_lock_does_not_hang_the_child(tmp_path):
     script = tmp_path / "fork.py"
     script.write_text(FORK)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                             timeout=30)
+        _, err = proc.communicate(timeout=30)
     except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the parent and the hung child with it
+        proc.communicate()
         pytest.fail("the forked child hung on the guard's lock")
-    assert out.returncode == 0, out.stderr
+    assert proc.returncode == 0, err
 
 
 # --- 7. staging registration of classes it cannot patch ------------------------------------

@@ -238,6 +238,8 @@ def _dispatch(cls: type, name: str) -> None:
     docstring). Only a call that ``type(self)`` resolves to that class's function is
     dispatched: a subclass's override calling ``super().name()`` is part of the override and
     runs the function itself, so a wrapper that forwards to the override never comes back."""
+    if name.startswith("__"):  # special methods are looked up on the type by Python itself
+        return
     owner = next((k for k in cls.__mro__ if name in k.__dict__), None)
     if owner is None or owner.__module__ == "builtins" or (owner, name) in _dispatched:
         return
@@ -254,8 +256,11 @@ def _dispatch(cls: type, name: str) -> None:
         return func(self, *args, **kwargs)
 
     dispatcher.__kvguard_function__ = func
+    try:
+        setattr(owner, name, dispatcher)
+    except (TypeError, AttributeError):  # a class that refuses new attributes: calls through
+        return  # it pass the guard, as without instrument()
     _dispatched[(owner, name)] = func
-    setattr(owner, name, dispatcher)
 
 
 _EMPTY: dict = {}

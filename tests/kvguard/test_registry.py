@@ -104,3 +104,57 @@ def test_register_rejects_nonsense():
 def test_builtin_specs_are_registered_by_name():
     names = kvguard.registered()
     assert "deepspeed.inference.v2.ragged.blocked_allocator.BlockedAllocator" in names
+
+
+def test_class_level_calls_are_dispatched_to_the_instance_guard(later_module):
+    """While instrumented, ``Pool.free(pool, ids)`` reaches ``pool``'s guard; ``Child``, which
+    inherits the methods, dispatches through the same functions; uninstrument() restores them."""
+    module = __import__(later_module)
+    kvguard.register(module.Pool, kvguard.AllocatorSpec(size=lambda p: p.n))
+    functions = dict(vars(module.Pool))
+    kvguard.instrument()
+    pool, child = module.Pool(4), module.Child(4)
+    g, gc_ = kvguard.guard_of(pool), kvguard.guard_of(child)
+    ids = module.Pool.allocate(pool, 2)
+    module.Pool.free(pool, ids)
+    with pytest.raises(kvguard.DoubleFreeError):
+        module.Pool.free(pool, ids[:1])
+    with pytest.raises(kvguard.DuplicateIdError):
+        module.Child.free(child, [module.Child.allocate(child, 1)[0]] * 2)
+    assert (g.stats.free_calls, gc_.stats.alloc_calls) == (1, 1)
+    assert sorted(pool.free_ids) == [0, 1, 2, 3]
+    kvguard.uninstrument()
+    assert {k: vars(module.Pool)[k] for k in ("allocate", "free")} == {
+        k: functions[k] for k in ("allocate", "free")}
+
+
+class Frozen(type):
+    def __setattr__(cls, name, value):
+        if name != "__init__":  # the registry's constructor patch is let through
+            raise TypeError(f"{cls.__name__} is frozen")
+        super().__setattr__(name, value)
+
+
+class FrozenPool(LinkedFreeList, metaclass=Frozen):
+    """A class no dispatcher can be put on: its guarded methods are its own."""
+
+    def allocate(self, n):
+        return super().allocate(n)
+
+    def free(self, blocks):
+        return super().free(blocks)
+
+
+def test_a_class_that_refuses_attributes_is_still_guarded_per_instance():
+    kvguard.register(FrozenPool, LINKED_FREE_LIST_SPEC)
+    try:
+        kvguard.instrument()
+        pool = FrozenPool(4)
+        ids = pool.allocate(2)
+        with pytest.raises(kvguard.DuplicateIdError):
+            pool.free([ids[0], ids[0]])
+        FrozenPool.free(pool, ids)  # no dispatcher could be put on: passes the guard
+        assert sorted(kvguard.guard_of(pool).live) == sorted(ids)  # only check() would tell
+    finally:
+        kvguard.uninstrument()
+        kvguard.unregister(FrozenPool)

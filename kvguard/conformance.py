@@ -177,6 +177,8 @@ class Run:
         self.size = size if isinstance(size, int) else None
         self.ledger = Ledger(self.size, refcounted=spec.refcounted)
         self.objects: dict = {}
+        self.alias: dict = {}
+        """Replayed calls: a recorded id -> the id this allocator handed out in its place."""
         self.clock = 0
         self.initial_free = self._read_free()
         if self.initial_free is None and self.size is None:
@@ -282,8 +284,47 @@ class Run:
             self.free(op[1])
         elif kind == "share":
             self.share(op[1])
+        elif kind == "exact":
+            self.exact(op[1], op[2])
         else:
             PROBES[kind](self, *op[1:])
+
+    def exact(self, op: str, recorded: tuple) -> None:
+        """Replay one recorded call: ``allocate`` as many blocks as it handed out (its ids then
+        name the ones this allocator hands out, in order), ``free``/``share`` those ids. A free
+        the ledger finds wrong is made as that clause's bad call; ids never handed out in the
+        replay keep their recorded value."""
+        alias = self.alias
+        if op == "allocate":
+            before = len(self.steps)
+            self.allocate(len(recorded))
+            got = self.steps[-1].ids if len(self.steps) > before else []
+            alias.update(zip(recorded, got))
+            return
+        ids = [alias.get(r, r) for r in recorded]
+        if op == "share":
+            if all(self.ledger.is_live(b) for b in ids) and len(set(ids)) == len(ids):
+                value, form = self._as_passed(ids)
+                self._valid_release("share", ids, value, form)
+            return
+        clause = self._wrong_free(ids)
+        value, form = self._as_passed([b for b in ids])
+        if clause is None:
+            self._valid_release("free", ids, value, form)
+        else:
+            self.probe(clause, ids, value, form)
+
+    def _wrong_free(self, ids: list):
+        """The clause a free of these plain ids would test, or None when it is valid."""
+        if len(set(ids)) != len(ids):
+            return "duplicate-id"
+        for b in ids:
+            if not self.ledger.in_range(b) or b in self.driver.reserved or \
+                    not self.ledger.seen(b):
+                return "foreign-id"
+            if not self.ledger.is_live(b):
+                return "release-past-zero" if self.spec.refcounted else "double-free"
+        return None
 
     def allocate(self, n: int) -> None:
         free = self.expected_free()
@@ -606,6 +647,8 @@ def judge(factory, spec: AllocatorSpec, ops, clause: str, driver: Driver | None 
 
 
 def _simpler(op: tuple) -> list:
+    if op[0] == "exact":
+        return []  # a recorded call is kept as it was
     if op[0] == "allocate":
         return [("allocate", n) for n in range(1, op[1])]
     out = []

@@ -277,6 +277,15 @@ def replay_command(argv) -> int:
     parser.add_argument("--violation", type=int, metavar="N",
                         help="replay only the N-th report's window (1-based, in file order)")
     parser.add_argument("--format", choices=("text", "json"), default="text")
+    parser.add_argument("--emit-test", action="store_true", help="replay the calls on a fresh "
+                        "instance of the allocator class the log names, shrink them to the "
+                        "fewest that still break the contract, and print them as a pytest "
+                        "regression test")
+    parser.add_argument("--factory", metavar="EXPR", help="with --emit-test: an expression "
+                        "building the allocator, the class bound to `cls` (default: the "
+                        "built-in factory of `kvguard fuzz`)")
+    parser.add_argument("--spec", metavar="MODULE.NAME", help="with --emit-test: the "
+                        "kvguard.AllocatorSpec to read it with (default: its registered spec)")
     args = parser.parse_args(argv)
     if not os.path.isfile(args.file):
         raise UsageError(f"kvguard replay: error: no such file: {args.file}")
@@ -284,6 +293,9 @@ def replay_command(argv) -> int:
         result = build(args.file, guard=args.guard, pid=args.pid, violation=args.violation)
     except (ValueError, OSError) as exc:
         raise UsageError(f"kvguard replay: error: {exc}") from None
+    if args.emit_test:
+        from .replay_emit import emit_command
+        return emit_command(result, args)
     if args.format == "json":
         json.dump(result.to_dict(), sys.stdout, indent=2, default=repr)
         sys.stdout.write("\n")

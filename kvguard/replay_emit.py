@@ -1,0 +1,123 @@
+"""``kvguard replay FILE --emit-test``: a staging log's flight recorder as a regression test.
+
+The replay (``kvguard.replay``) shows where an allocator's state first went wrong, judged
+against a model. This goes one step further: it makes a fresh instance of the real allocator
+class the log names, replays the recorded calls on it (unguarded, judged by the conformance
+clauses of ``kvguard.conformance``), shrinks them to the fewest calls that still break the same
+clause, and writes those calls as a pytest test that fails on the allocator as it is and
+passes once it is fixed.
+
+Recorded ids are the ones the engine's allocator handed out; the fresh allocator may hand out
+others, so each recorded allocation names, in order, the ids the replay got in its place.
+Blocks the window frees without having seen them handed out (allocated before the record
+starts) are allocated first.
+"""
+
+from __future__ import annotations
+
+from .conformance import CLAUSES, Run, shrink
+
+
+_REPLAYABLE = {"duplicate-id": 2, "double-free": 1, "foreign-id": 1}
+"""Kinds a report's own ids reproduce (a duplicated id is named once: it was passed twice)."""
+
+
+def recorded_ops(steps, reports=()) -> list:
+    """The replay's recorded steps as exact operations, with blocks allocated before the window
+    handed out first. A report's own call is not in its window (it is recorded after the
+    report): when no later window holds it, it is rebuilt from the report's kind and ids."""
+    calls = {step.call for step in steps}
+    rebuilt: dict = {}
+    for after, violation in reports:
+        times = _REPLAYABLE.get(violation.get("kind"))
+        ids = [b for b in violation.get("block_ids") or () if type(b) is int]
+        if times and ids and after + 1 not in calls and violation.get("method") != "allocate":
+            rebuilt.setdefault(after, []).append(("free", tuple(ids * times)))
+    seen: set = set()
+    earlier: list = []
+    ops = []
+
+    def add(op, ids):
+        if op != "allocate":
+            earlier.extend(b for b in dict.fromkeys(ids) if b not in seen and b not in earlier)
+        seen.update(ids)
+        ops.append(("exact", op, ids))
+
+    for after, extra in rebuilt.items():
+        if not any(step.call <= after for step in steps):
+            for op, ids in extra:
+                add(op, ids)
+    for step in steps:
+        if step.op in ("allocate", "free", "share"):  # a reset: the replay goes on
+            add(step.op, tuple(b for b in step.ids if type(b) is int))
+        for op, ids in rebuilt.get(step.call, ()):
+            add(op, ids)
+    return ([("exact", "allocate", tuple(earlier))] if earlier else []) + ops
+
+
+def emit(replay, factory, spec, driver=None, make=None):
+    """``(test source, clause, calls kept, calls recorded)`` for the first clause the replayed
+    calls break on a fresh allocator; ValueError when they break none."""
+    ops = recorded_ops(replay.steps, replay.reports)
+
+    def broken(candidate):
+        run = Run(factory(), spec, driver)
+        found = run.run(candidate)
+        return run, found
+
+    run, found = broken(ops)
+    if found is None:
+        raise ValueError(f"the {len(ops)} recorded call(s) break no clause on a fresh "
+                         f"{replay.guard.get('class', 'allocator')}: the violation needs "
+                         "state from before the record starts (a longer record: "
+                         "KVGUARD_HISTORY=N), or a bigger pool (--factory)")
+    clause = found.clause
+    kept = shrink(ops, lambda c: (broken(c)[1] or _NONE).clause == clause)
+    run, found = broken(kept)
+    from .regression import regression_test
+    origin = (f"Replayed from {replay.file} ({replay.guard.get('name', '?')}, pid "
+              f"{replay.pid}): {len(kept)} of {len(ops)} recorded call(s).")
+    return regression_test(run, make=make, origin=origin), CLAUSES[clause].name, len(kept), \
+        len(ops)
+
+
+class _NONE:
+    clause = None
+
+
+def emit_command(replay, args) -> int:
+    """``kvguard replay FILE --emit-test``: the test on stdout, how it was shrunk on stderr."""
+    import sys
+
+    from .cli import UsageError
+    from .fuzz import resolve, target_for
+    from .spec import AllocatorSpec
+    name = replay.guard.get("class") or ""
+    try:
+        cls = resolve(name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise UsageError(f"kvguard replay: error: cannot import the allocator class "
+                         f"{name or '(none recorded)'}: {exc}") from None
+    spec = None
+    if args.spec:
+        try:
+            spec = resolve(args.spec)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise UsageError(f"kvguard replay: error: cannot import {args.spec}: {exc}") \
+                from None
+        if not isinstance(spec, AllocatorSpec):
+            raise UsageError(f"kvguard replay: error: {args.spec} is not a "
+                             "kvguard.AllocatorSpec")
+    try:
+        make, spec, driver, source = target_for(cls, args.factory, spec)
+        if spec is None:
+            from .registry import spec_for
+            spec = spec_for(cls) or AllocatorSpec()
+        test, clause, kept, total = emit(replay, make, spec, driver, source)
+    except SyntaxError as exc:
+        raise UsageError(f"kvguard replay: error: --factory: {exc.msg}") from None
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"kvguard replay: error: {exc}") from None
+    sys.stdout.write(test)
+    sys.stderr.write(f"kvguard replay: {clause}: {kept} of {total} recorded call(s) kept\n")
+    return 0

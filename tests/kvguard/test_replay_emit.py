@@ -1,0 +1,86 @@
+"""``kvguard replay FILE --emit-test``: a staging log's flight recorder becomes a minimal pytest
+regression test that replays the calls on the real allocator class and fails before the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvguard.cli import main
+from kvguard.examples import LinkedFreeList
+
+from .test_conformance import FixedLinkedFreeList
+from .test_replay import _quiet, recorded, seed_bug  # noqa: F401  (_quiet: an autouse fixture)
+
+SPEC = "kvguard.examples.LINKED_FREE_LIST_SPEC"
+
+
+def emitted(capsys, path, *extra):
+    code = main(["replay", str(path), "--emit-test", "--factory", "cls(8)", "--spec", SPEC,
+                 *extra])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _run_test(code: str, cls=None) -> None:
+    namespace: dict = {}
+    if cls is not None:
+        code = code.replace("from kvguard.examples import LinkedFreeList",
+                            f"from {cls.__module__} import {cls.__name__} as LinkedFreeList")
+    exec(compile(code, "<emitted>", "exec"), namespace)
+    (test,) = [f for name, f in namespace.items() if name.startswith("test_")]
+    test()
+
+
+def test_the_seed_bug_log_becomes_a_test_that_fails_before_the_fix(tmp_path, capsys):
+    code, test, err = emitted(capsys, recorded(tmp_path, seed_bug))
+    assert code == 0 and "duplicate-id: 2 of 4 recorded call(s) kept" in err
+    assert "a = LinkedFreeList(8)\n    a.allocate(3)" in test
+    assert "a.free([0, 0, 1])" in test and "r.jsonl" in test
+    with pytest.raises(pytest.fail.Exception, match="DID NOT RAISE"):
+        _run_test(test)
+    _run_test(test, FixedLinkedFreeList)
+
+
+def test_calls_the_violation_does_not_need_are_shrunk_away(tmp_path, capsys):
+    def script(a):
+        for _ in range(5):
+            ids = a.allocate(2)
+            a.free(ids[::-1])
+        held = a.allocate(3)
+        a.allocate(1)
+        a.free([held[1], held[1]])
+    code, test, err = emitted(capsys, recorded(tmp_path, script))
+    assert code == 0 and "2 of 13 recorded call(s) kept" in err
+    body = test.split('"""')[-1]
+    assert body.count("a.allocate(") == 1 and body.count("a.free(") == 1
+
+
+def test_a_caller_bug_a_correct_allocator_rejects_gives_no_test(tmp_path, capsys):
+    import kvguard
+    from kvguard.examples import LINKED_FREE_LIST_SPEC
+    from kvguard.staging import JsonLinesSink
+    path = tmp_path / "fixed.jsonl"
+    sink = JsonLinesSink(str(path), every=1)
+    unsubscribe = kvguard.subscribe(sink)
+    a = FixedLinkedFreeList(8)
+    g = kvguard.guard(a, LINKED_FREE_LIST_SPEC, on_violation="log")
+    a.allocate(2)
+    with pytest.raises(ValueError):
+        a.free([0, 0])  # the guard logs it; the fixed allocator itself rejects it
+    unsubscribe()
+    sink.close([g])
+    code, out, err = emitted(capsys, path)
+    assert code == 2 and out == "" and "break no clause" in err and err.count("\n") == 1
+
+
+def test_emit_test_mistakes_are_one_line(tmp_path, capsys):
+    path = recorded(tmp_path, seed_bug)
+    text = path.read_text().replace("kvguard.examples.LinkedFreeList", "no_such_pkg.Pool")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(text)
+    code, out, err = emitted(capsys, bad)
+    assert code == 2 and "cannot import the allocator class no_such_pkg.Pool" in err
+    assert main(["replay", str(path), "--emit-test", "--spec", SPEC]) == 2
+    assert "no built-in factory" in capsys.readouterr().err
+    assert main(["replay", str(path), "--emit-test", "--factory", "cls(8)"]) == 2
+    assert "size= or free_count=" in capsys.readouterr().err

@@ -86,7 +86,8 @@ class Driver:
     handed out and may be ignored by ``free()`` (vLLM's null block 0). ``source`` writes the same
     calls as Python for the regression tests: keys ``allocate``, ``free``, ``share`` (with
     ``{a}``, ``{n}``, ``{ids}``), ``block`` (``{a}``, ``{id}``), ``free_count`` (``{a}``),
-    ``setup`` (lines after the allocator is made) and ``imports``.
+    ``plain_ids`` (how ``free``/``share`` convert a list of plain ints, ``{ids}``), ``setup``
+    (lines after the allocator is made) and ``imports``.
     """
 
     allocate: Callable[[Any, int], Any] | None = None

@@ -141,9 +141,8 @@ TARGETS = {
         driver=Driver(
             free=lambda a, ids: a.free(_numpy_ids(ids)),
             share=lambda a, ids: a.add_ref_count(_numpy_ids(ids), 1),
-            source={"free": "{a}.free(numpy.asarray({ids}))",
-                    "share": "{a}.add_ref_count(numpy.asarray({ids}), 1)",
-                    "imports": ["import numpy"]}),
+            source={"share": "{a}.add_ref_count({ids}, 1)",
+                    "plain_ids": "numpy.asarray({ids})", "imports": ["import numpy"]}),
         note="ids as numpy arrays, as its block manager passes them; add_ref_count shares"),
 }
 

@@ -100,7 +100,10 @@ class Writer:
             return f"(b for b in {inner})"
         if form == "bool":
             return repr(v)
-        return "[" + ", ".join(self.item(x) for x in v) + "]"
+        text = "[" + ", ".join(self.item(x) for x in v) + "]"
+        if "plain_ids" in self.source and all(type(x) is int for x in v):
+            return self.source["plain_ids"].format(ids=text)
+        return text
 
     def call(self, op: str, value: str = "", n: int = 0) -> str:
         spec = self.spec

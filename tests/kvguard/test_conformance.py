@@ -17,7 +17,7 @@ from kvguard.examples import (
 )
 from kvguard.testing import ConformanceError, check_allocator
 
-EXAMPLES = 30
+EXAMPLES = 20
 
 
 class Pool:

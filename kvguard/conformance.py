@@ -174,6 +174,8 @@ class Run:
         self.dry = dry
         """Probes prepare (allocate, free) but make no bad call: the same sequence without them."""
         self.steps: list[Step] = []
+        self.ops: list = []
+        """The operations this run was given (``judge`` keeps them, for shrinking)."""
         size = self.driver.size(allocator) if self.driver.size else read(allocator, spec.size)
         self.size = size if isinstance(size, int) else None
         self.ledger = Ledger(self.size, refcounted=spec.refcounted)

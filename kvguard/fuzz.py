@@ -209,11 +209,13 @@ def fuzz_command(argv) -> int:
                         "read it with; default: the class's registered (built-in) spec")
     parser.add_argument("--examples", type=int, default=None, metavar="N",
                         help="call sequences per clause (default 100)")
-    parser.add_argument("--seed", type=int, default=0, metavar="S")
+    parser.add_argument("--seed", type=int, default=0, metavar="S",
+                        help="the same seed gives the same report (default 0)")
     parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                         help="stop searching after this long (default 30)")
     parser.add_argument("--clause", action="append", choices=list(CLAUSES), default=None,
-                        help="check only this clause (repeatable)")
+                        metavar="NAME", help="check only this clause (repeatable): "
+                        f"{', '.join(CLAUSES)}")
     args = parser.parse_args(argv)
     if args.examples is not None and args.examples < 1:
         raise UsageError("kvguard fuzz: error: --examples must be at least 1")

@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .ids import normalize, result_ids
+from .ids import result_ids
 from .ledger import Ledger
 from .spec import AllocatorSpec, read
 

@@ -255,4 +255,3 @@ def regression_test(run: Run, *, make: str | None = None, origin: str = "") -> s
                   f"The contract: {clause.requires}. {origin}".strip()]
     doc = "\n\n".join(textwrap.fill(p, 88) for p in paragraphs)
     return Writer(run, make).test(name, doc + "\n")
-

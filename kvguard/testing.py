@@ -265,10 +265,8 @@ def check_allocator(factory, spec: AllocatorSpec | None = None, *, promises=None
     return report
 
 
-
 def _finding(run: Run, clause: str, promised: bool, make, seed) -> Finding:
     from .regression import regression_test
     broken: Broken = run.steps[-1].broken
     test = regression_test(run, make=make, origin=f"Found by kvguard.testing (seed {seed}).")
     return Finding(clause, promised, broken.did, broken.required, _describe(run), test)
-

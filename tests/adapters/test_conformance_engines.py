@@ -12,6 +12,7 @@ from kvguard.testing import check_allocator
 from . import engines
 
 EXAMPLES = 40
+BUDGET = 600.0  # the exact sets asserted here must not depend on a loaded machine
 
 # engine -> (class in the loader's namespace, clauses broken at EXAMPLES examples, seed 0)
 EXPECTED = {
@@ -41,11 +42,11 @@ def test_the_fuzzer_on_the_real_allocator(engine):
     name, expected = EXPECTED[engine]
     with engines.loaded(engine) as ns:
         make, spec, driver, source = target_for(getattr(ns, name))
-        report = check_allocator(make, spec, examples=EXAMPLES, driver=driver, make=source,
-                                 raise_on_broken=False)
+        report = check_allocator(make, spec, examples=EXAMPLES, budget=BUDGET, driver=driver,
+                                 make=source, raise_on_broken=False)
         assert report.broken == expected, report.render()
         for finding in report.findings:
-            with pytest.raises((AssertionError, pytest.fail.Exception, Exception)):
+            with pytest.raises((Exception, pytest.fail.Exception)):  # fails on the real class
                 _run_test(finding.test)
 
 
@@ -54,8 +55,8 @@ def test_the_seed_bug_is_found_from_scratch_on_deepspeed():
     look; it finds a repeated id accepted, and the emitted test fails on the real class."""
     with engines.loaded("deepspeed") as ds:
         make, spec, driver, source = target_for(ds.BlockedAllocator)
-        report = check_allocator(make, spec, examples=EXAMPLES, driver=driver, make=source,
-                                 raise_on_broken=False, clauses=["duplicate-id"])
+        report = check_allocator(make, spec, examples=EXAMPLES, budget=BUDGET, driver=driver,
+                                 make=source, raise_on_broken=False, clauses=["duplicate-id"])
         (finding,) = report.findings
         assert finding.did.startswith("accepted it")
         assert finding.calls[-1].startswith("a.free([0, 0]")

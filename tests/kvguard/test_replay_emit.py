@@ -6,8 +6,6 @@ from __future__ import annotations
 import pytest
 
 from kvguard.cli import main
-from kvguard.examples import LinkedFreeList
-
 from .test_conformance import FixedLinkedFreeList
 from .test_replay import _quiet, recorded, seed_bug  # noqa: F401  (_quiet: an autouse fixture)
 

@@ -700,9 +700,13 @@ class Guard:
                                     history.append((clock, ids, site, pool, "share"))
                                 return result
                             if ref is None:
-                                for b in ids:
+                                if n == 1:
                                     stamp[b] = -clock
                                     freed_at[b] = site
+                                else:
+                                    for b in ids:
+                                        stamp[b] = -clock
+                                        freed_at[b] = site
                             else:
                                 if held is not None:  # references the engine took or dropped
                                     for b, count in zip(ids, held):
@@ -742,6 +746,7 @@ class Guard:
         lock = self._lock
         owned, acquire, unlock = lock._is_owned, lock.acquire, lock.release
         read = self._fast_reader(result=True) if self._fast_path() else None
+        plain = self.spec.id_attr is None and self.spec.skip is None  # an int result is its id
         main, ledger_of = self._fast_ledger(self.spec.alloc)
         pooled = self.spec.pool_arg is not None
         stats = self.stats
@@ -759,7 +764,7 @@ class Guard:
                 result = original(*args, **kwargs)
                 if read is not None:
                     try:
-                        ids = read(result)
+                        ids = [result] if type(result) is int and plain else read(result)
                         hot = None if ids is None else main if ledger_of is None else \
                             ledger_of(args, kwargs)
                     except Exception:  # the slow path reads it again, under _protect
@@ -785,9 +790,13 @@ class Guard:
                             except Exception as exc:
                                 site = guard._site_failed(exc)
                             clock = tick()
-                            for b in ids:
+                            if n == 1:
                                 stamp[b] = clock
                                 origin[b] = site
+                            else:
+                                for b in ids:
+                                    stamp[b] = clock
+                                    origin[b] = site
                             if ref is not None:
                                 for b in ids:
                                     ref[b] = 1

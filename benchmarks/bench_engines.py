@@ -257,6 +257,81 @@ def numpy_driver() -> Driver:
                   share=lambda a, ids: a.add_ref(ids), join=np.concatenate)
 
 
+# --- where the time goes ---------------------------------------------------------------
+
+
+def _locked(allocator, guard_lock):
+    """A pass-through wrapper that also does what every guarded call does before any checking:
+    the re-entrancy test and the lock (the guard's own kind: an RLock)."""
+    owned, acquire, release = guard_lock._is_owned, guard_lock.acquire, guard_lock.release
+    for name in ("allocate", "free"):
+        original = getattr(allocator, name)
+
+        def wrapper(*args, original=original, **kwargs):
+            if owned():
+                return original(*args, **kwargs)
+            acquire()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                release()
+        setattr(allocator, name, wrapper)
+    return allocator
+
+
+def floor(rounds: int, calls: int = 20000) -> None:
+    """The per-call cost, built up layer by layer on the cheapest allocator there is (one plain
+    int per call from a Python list): each line adds one thing the guard does, and the
+    difference from the line above is that thing's price."""
+    import threading
+
+    from bench_guard import passthrough
+
+    def guarded(**options):
+        def build():
+            allocator = ElementPool(1 << 16, numpy_ids=False)
+            kvguard.guard(allocator, ELEMENT_SPEC, **options)
+            return allocator
+        return build
+
+    layers = {
+        "raw allocate() + free()": lambda: ElementPool(1 << 16, numpy_ids=False),
+        "+ a pass-through wrapper (call, *args)": lambda: passthrough(
+            ElementPool(1 << 16, numpy_ids=False)),
+        "+ re-entrancy test and lock": lambda: _locked(ElementPool(1 << 16, numpy_ids=False),
+                                                       threading.RLock()),
+        "+ ids read, ledger checked and written, counters": guarded(stacks="off", history=0),
+        "+ flight recorder (history=32)": guarded(stacks="off"),
+        "+ call sites (stacks='cheap')": guarded(stacks="cheap"),
+        "careful path instead (fast_path=False), cheap": guarded(
+            stacks="cheap", fast_path=False),
+    }
+    best = {name: float("inf") for name in layers}
+    for _ in range(rounds):
+        for name, make in layers.items():
+            allocator = make()
+            allocate, free = allocator.allocate, allocator.free
+            gc.collect()
+            gc.disable()
+            try:
+                t0 = time.thread_time()
+                for _ in range(calls):
+                    free(allocate())
+                best[name] = min(best[name], time.thread_time() - t0)
+            finally:
+                gc.enable()
+    print(f"where the time goes: one allocate() and one free() of a plain int, {calls} pairs, "
+          "ns per pair (fastest round)")
+    previous = None
+    for name, t in best.items():
+        ns = t / calls * 1e9
+        last = previous is None or name.startswith("careful")
+        step = "" if last else f"  ({ns - previous:+.0f})"
+        print(f"  {name:<50} {ns:7.0f}{step}")
+        if not name.startswith("careful"):
+            previous = ns
+
+
 # --- engines' own allocators ---------------------------------------------------------------
 
 
@@ -297,7 +372,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--only", default="", help="comma-separated rows: vllm, deepspeed, "
-                        "sglang, numpy, int64, python, memory")
+                        "sglang, numpy, int64, python, floor, memory")
     args = parser.parse_args()
     only = set(filter(None, args.only.split(",")))
     want = (lambda name: not only or name in only)
@@ -354,6 +429,8 @@ def main() -> int:
                  LINKED_FREE_LIST_SPEC)):
             row(label, make, spec, LIST_DRIVER, plain, args.rounds,
                 {"stacks off": "<= 2.5x (aim 2.0x)", "stacks cheap": "<= 3.0x"})
+    if want("floor"):
+        floor(args.rounds)
     if want("memory"):
         ledger = Ledger(1 << 20, refcounted=True)
         print(f"ledger memory: {ledger.nbytes() / (1 << 20):.1f} bytes/block for a 1M-block "

@@ -620,6 +620,7 @@ class Guard:
         pos = param.pos if param.pos is not None else -1 - (1 << 30)
         name, default = param.name, param.default
         read = self._fast_reader(result=False) if self._fast_path() else None
+        plain = self.spec.id_attr is None and self.spec.skip is None  # an int is its own id
         main, ledger_of = self._fast_ledger(method)
         drain = self.spec.iterator_ok
         put = param.put
@@ -650,7 +651,7 @@ class Guard:
                         value = list(value)
                         args, kwargs = put(args, kwargs, value)
                     try:
-                        ids = read(value)
+                        ids = [value] if type(value) is int and plain else read(value)
                         hot = None if ids is None else main if ledger_of is None else \
                             ledger_of(args, kwargs)
                         held = None if engine_count is None or hot is None else \

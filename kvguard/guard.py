@@ -1527,14 +1527,15 @@ def _follow_engine_refcounts(ledger, plan) -> None:
 
 
 def _int_tensor_ids(value):
-    """A 1-D integer tensor's ids as a list (DeepSpeed and SGLang hand out tensors), else None.
-    One ``tolist()``: a single host sync for a CUDA tensor."""
+    """A tensor's elements as a list (DeepSpeed and SGLang hand out tensors), else None. One
+    ``tolist()`` (a single host sync for a CUDA tensor) and no other call into torch, whose
+    attribute reads cost more than the checking: the fast path then accepts only a flat list of
+    plain ints, so a bool mask (Python bools), a float or complex tensor, a 2-D one (nested
+    lists) or a 0-dim one (a bare number) still goes to the careful path, which names it."""
     if type(value).__name__ != "Tensor" or type(value) is not torch_tensor_type():
         return None
-    dtype = value.dtype
-    if value.dim() != 1 or dtype.is_floating_point or dtype.is_complex or dtype.itemsize == 1:
-        return None  # bools and bytes (masks) take the slow path, which names them
-    return value.tolist()
+    ids = value.tolist()
+    return ids if type(ids) is list else None
 
 
 def _one_shot(result):

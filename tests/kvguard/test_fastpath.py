@@ -46,7 +46,8 @@ class TolerantPool:
     """Two sub-pools of ``SIZE`` blocks with reference counts; block 0 of each is the null block
     when ``objects`` (never handed out). Reads any ids leniently and never raises."""
 
-    def __init__(self, objects: bool = False) -> None:
+    def __init__(self, objects: bool = False, tensors: bool = False) -> None:
+        self.tensors = tensors
         self.size = SIZE
         self.ref = {p: [0] * SIZE for p in (0, 1)}
         self.objects = [Block(b, objects and b == 0, self.ref[0]) for b in range(SIZE)]
@@ -59,6 +60,8 @@ class TolerantPool:
         out = [free.pop() for _ in range(min(n, len(free)))]
         for b in out:
             self.ref[pool][b] = 1
+        if self.tensors:  # DeepSpeed and SGLang hand out tensors
+            return torch.tensor(out, dtype=torch.int32 if n % 2 else torch.int64)
         return [self.objects[b] for b in out] if self.use_objects else out
 
     def _read(self, ids):
@@ -109,6 +112,7 @@ _null_hinted.keeps_all = lambda pool, blocks: not any(map(_null, blocks))
 
 SHAPES = {
     "plain": (False, kvguard.AllocatorSpec(size="size", free_count="num_free")),
+    "tensor_ok": ("tensors", kvguard.AllocatorSpec(tensor_ok=True, size="size")),
     "refcounted": (False, kvguard.AllocatorSpec(share="share", refcounted=True, size="size")),
     "pool_arg": (False, kvguard.AllocatorSpec(share="share", refcounted=True, pool_arg="pool",
                                               size="size")),
@@ -127,7 +131,8 @@ SHAPES = {
 
 PLAIN_FORMS = ["list", "tuple", "int", "np64", "np32", "npu8", "npscalar", "nplist", "mixed",
                "gen", "bool", "npbool", "npboolscalar", "tensor", "negative", "float", "set",
-               "2d"]
+               "2d", "tensor32", "tensoru8", "tensorbool", "tensorfloat", "tensor2d",
+               "tensor0d", "tensornegative"]
 OBJECT_FORMS = ["list", "tuple", "reversed", "gen", "ints", "null", "missing"]
 
 
@@ -161,6 +166,20 @@ def shape_ids(ids, form):
         return np.bool_(True)
     if form == "tensor":
         return torch.tensor(ids, dtype=torch.int64)
+    if form == "tensor32":
+        return torch.tensor(ids, dtype=torch.int32)
+    if form == "tensoru8":
+        return torch.tensor([b % 256 for b in ids], dtype=torch.uint8)
+    if form == "tensorbool":
+        return torch.tensor([b % 2 == 1 for b in ids], dtype=torch.bool)
+    if form == "tensorfloat":
+        return torch.tensor(ids, dtype=torch.float32)
+    if form == "tensor2d":
+        return torch.tensor([ids], dtype=torch.int64)
+    if form == "tensor0d":
+        return torch.tensor(ids[0] if ids else 0)
+    if form == "tensornegative":
+        return torch.tensor(list(ids) + [-1])
     if form == "negative":
         return list(ids) + [-1]
     if form == "float":
@@ -202,6 +221,17 @@ STEP = st.one_of(
 )
 
 
+def handed_ids(got) -> list:
+    if isinstance(got, torch.Tensor):
+        return got.tolist()
+    return [getattr(b, "block_id", b) for b in got]
+
+
+def twin(kind):
+    """A fresh allocator of a shape's kind: block objects (True), tensors, or plain ints."""
+    return TolerantPool(objects=kind is True, tensors=kind == "tensors")
+
+
 def run(allocator, guard, step, handed, objects, pooled):
     """One step on one twin; returns what the caller saw."""
     kind = step[0]
@@ -213,7 +243,7 @@ def run(allocator, guard, step, handed, objects, pooled):
     try:
         if kind == "alloc":
             got = allocator.allocate(step[1], **pool_kw)
-            return ("ok", [getattr(b, "block_id", b) for b in got])
+            return ("ok", handed_ids(got))
         if kind == "share" and guard.spec.share is None:
             return ("skipped",)
         picks = step[1]
@@ -246,11 +276,12 @@ def seen(guard):
 @given(steps=st.lists(STEP, min_size=1, max_size=25), mode=st.sampled_from(["raise", "log",
                                                                            "repair"]))
 def test_the_fast_path_gives_the_careful_paths_verdicts(shape, steps, mode):
-    objects, spec = SHAPES[shape]
+    kind, spec = SHAPES[shape]
+    objects = kind is True
     pooled = spec.pool_arg is not None
     twins = []
     for fast in (True, False):
-        allocator = TolerantPool(objects)
+        allocator = twin(kind)
         guard = kvguard.guard(allocator, spec, on_violation=mode, stacks="off", fast_path=fast)
         twins.append((allocator, guard))
     handed = []
@@ -283,18 +314,22 @@ def test_an_engine_count_raised_behind_the_guard_is_followed_on_both_paths():
 def test_the_fast_path_is_taken():
     """The twins above would agree trivially if both went the careful way: the fast one must
     not reach the careful reader on clean calls of any shape."""
-    for shape, (objects, spec) in SHAPES.items():
-        allocator = TolerantPool(objects)
+    for shape, (kind, spec) in SHAPES.items():
+        objects = kind is True
+        allocator = twin(kind)
         guard = kvguard.guard(allocator, spec, stacks="off")
         calls = []
         guard._plan_release = lambda *a, calls=calls: calls.append(a)  # noqa: B023
         guard._after_alloc = lambda *a, calls=calls: calls.append(a)  # noqa: B023
         guard._install()
         got = allocator.allocate(3)
-        ids = [getattr(b, "block_id", b) for b in got]
+        ids = handed_ids(got)
         if spec.share:
             allocator.share(got[:1] if objects else np.array(ids[:1]))
-        allocator.free((reversed(got) if spec.iterator_ok else got) if objects else np.array(ids))
+        if objects:
+            allocator.free(reversed(got) if spec.iterator_ok else got)
+        else:
+            allocator.free(torch.tensor(ids) if kind == "tensors" else np.array(ids))
         if spec.share:
             allocator.free(got[:1] if objects else [np.int64(ids[0])])
         assert calls == [], shape

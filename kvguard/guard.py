@@ -1531,11 +1531,12 @@ def _int_tensor_ids(value):
     ``tolist()`` (a single host sync for a CUDA tensor) and no other call into torch, whose
     attribute reads cost more than the checking: the fast path then accepts only a flat list of
     plain ints, so a bool mask (Python bools), a float or complex tensor, a 2-D one (nested
-    lists) or a 0-dim one (a bare number) still goes to the careful path, which names it."""
+    lists) or a 0-dim one (a bare number) still goes to the careful path, which names it. An
+    empty tensor has no elements to tell its dtype by: careful path too."""
     if type(value).__name__ != "Tensor" or type(value) is not torch_tensor_type():
         return None
     ids = value.tolist()
-    return ids if type(ids) is list else None
+    return ids if type(ids) is list and ids else None
 
 
 def _one_shot(result):

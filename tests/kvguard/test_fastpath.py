@@ -18,7 +18,7 @@ import operator
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import kvguard
@@ -275,6 +275,8 @@ def seen(guard):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps=st.lists(STEP, min_size=1, max_size=25), mode=st.sampled_from(["raise", "log",
                                                                            "repair"]))
+@example(steps=[("free", [], PLAIN_FORMS.index("tensorbool"), 0)], mode="raise")  # empty mask
+@example(steps=[("free", [], PLAIN_FORMS.index("tensorfloat"), 0)], mode="log")
 def test_the_fast_path_gives_the_careful_paths_verdicts(shape, steps, mode):
     kind, spec = SHAPES[shape]
     objects = kind is True

@@ -18,7 +18,7 @@ from __future__ import annotations
 import libcst as cst
 
 from . import torch_api
-from .cstutil import children, dotted_name, keyword_arg, positional_args, walk_all
+from .cstutil import children, dotted_name, keyword_arg, positional_args, source_of, walk_all
 from .values import (
     AN_INT,
     A_BOOL,
@@ -27,6 +27,7 @@ from .values import (
     ELEMENT,
     INT,
     NOTHING,
+    OBJECT,
     SEQUENCE,
     SET,
     TENSOR,
@@ -914,18 +915,38 @@ class Analysis:
             return
         callee = dotted_name(call.func) or name
         val = self.infer(ids.value, scope)
-        free = FreeCall(
-            call, callee, name, ids.value, val, self.is_tensor_native(callee, name), scope
-        )
+        native = self.is_tensor_native(callee, name, call.func, scope)
+        free = FreeCall(call, callee, name, ids.value, val, native, scope)
         scope.free_calls.append(free)
         for rule in self.free_call_rules:
             rule.check_free_call(free, self)
 
-    def is_tensor_native(self, callee, name):
+    def is_tensor_native(self, callee, name, func=None, scope=None):
+        """Whether the free-like callee takes its ids as a tensor.
+
+        Configured names first. Then the receiver: where the code says what class it is
+        (an annotation, `self.x = Cls(...)`, a constructor parameter stored on self, a
+        factory's return annotation), that class's method decides, found in this file
+        or the project index and through its bases. An unresolved receiver, or a
+        resolved one whose method says nothing, counts as taking tensors when any
+        definition of that name in the project does: quiet rather than wrong (see
+        docs/lint.md)."""
         for entry in self._tensor_native:
             if callee == entry or name == entry or callee.endswith("." + entry):
                 return True
+        if type(func) is cst.Attribute and scope is not None:
+            receiver = self.infer(func.value, scope)
+            if receiver.kind == OBJECT and receiver.cls:
+                takes = self.index.method_takes(receiver.cls, name)
+                if takes is not None:
+                    return takes == "t"
         return name in self.local_tensor_params or self.index.takes_tensors(name)
+
+    def class_val(self, name):
+        """An instance of `name`, when it is a class this file or the project defines."""
+        if name and self.index.is_class(name):
+            return Val(OBJECT, cls=name)
+        return None
 
     # --------------------------------------------------------------- inference
 
@@ -1109,17 +1130,29 @@ class Analysis:
         kind = base.kind
         if kind in (TENSOR, ELEMENT):
             indices = []
+            slices = 0
             for element in node.slice:
                 index = element.slice
+                if type(index) is cst.Slice:
+                    slices += 1
+                    continue
                 if type(index) is not cst.Index or index.star is not None:
-                    return Val(TENSOR, item=base.item, dup=base.dup)  # a slice keeps the ids
+                    return Val(TENSOR, item=base.item, dup=base.dup)
                 if type(index.value) is cst.Name and index.value.value in ("None", "Ellipsis"):
                     return Val(TENSOR, item=base.item, dup=base.dup)
                 if type(index.value) is cst.Ellipsis:
                     return Val(TENSOR, item=base.item, dup=base.dup)
                 indices.append(self.infer(index.value, scope))
-            if all(index.kind == INT for index in indices):
-                return Val(ELEMENT, item=base.item)
+            ints = all(index.kind == INT for index in indices)
+            left = None  # dimensions left, where the base's rank is known
+            if ints and base.ndim is not None and base.ndim >= len(indices):
+                left = base.ndim - len(indices)
+            if slices:  # a slice keeps the ids
+                return Val(TENSOR, item=base.item, dup=base.dup, ndim=left if ints else None)
+            if ints:
+                if left is not None and left > 0:
+                    return Val(TENSOR, item=base.item, ndim=left)  # a row of a table
+                return Val(ELEMENT, item=base.item, ndim=left)
             if len(indices) == 1 and indices[0].kind in (TENSOR, ELEMENT) and is_bool(indices[0]):
                 return Val(TENSOR, item=base.item, dup=base.dup)  # a mask keeps each id once
             return Val(TENSOR, item=base.item)
@@ -1167,6 +1200,10 @@ class Analysis:
                 return self._tensor_method(Val(TENSOR), method, node, scope)
             if method == "tolist" and receiver.kind == UNKNOWN:
                 return Val(SEQUENCE)
+            if receiver.kind == UNKNOWN and type(func.value) in (cst.Name, cst.Attribute):
+                instance = self.class_val(method)  # module.Pool(...)
+                if instance is not None:
+                    return instance
             return self._declared_tensor(dotted or method, method, is_method=True)
         if kind is cst.Name:
             name = func.value
@@ -1187,6 +1224,11 @@ class Analysis:
                 and canonical != "dict"
             ):
                 return Val(CONTAINER_CALLS[canonical])
+            bound = scope.lookup(name)
+            if bound is None or bound.kind == UNKNOWN:  # a class statement binds nothing known
+                instance = self.class_val(name)
+                if instance is not None:
+                    return instance
             return self._declared_tensor(canonical, name, is_method=False)
         return NOTHING
 
@@ -1286,7 +1328,41 @@ class Analysis:
         elif function in torch_api.ID_PRESERVING:
             dup = first.dup
         note = BOOL_NOTE_MASK if item is not None and item.kind == BOOL else None
-        return Val(TENSOR, item=item, dup=dup, note=note)
+        return Val(TENSOR, item=item, dup=dup, note=note, ndim=self._torch_ndim(function, node, scope))
+
+    def _torch_ndim(self, function, node, scope):
+        """The rank of torch.<function>(...)'s result where the call proves it."""
+        args = positional_args(node)
+        if function in ("arange", "randperm", "linspace", "logspace"):
+            return 1
+        if function in ("zeros", "ones", "empty", "rand", "randn", "full"):
+            if not args:
+                return None
+            first = args[0].value
+            if type(first) in (cst.Tuple, cst.List):
+                if any(type(e) is cst.StarredElement for e in first.elements):
+                    return None
+                return len(first.elements)
+            shape = args[:1] if function == "full" else args
+            # zeros(n) is 1-D only if n is an int: zeros(shape) takes a whole shape.
+            if any(a.star or self.infer(a.value, scope).kind != INT for a in shape):
+                return None
+            return len(shape)
+        if function in ("tensor", "as_tensor") and args:
+            data = args[0].value
+            if type(data) in (cst.List, cst.Tuple) and data.elements:
+                parts = [e.value for e in data.elements if type(e) is cst.Element]
+                if len(parts) == len(data.elements):
+                    if all(_is_int_literal(p) for p in parts):
+                        return 1
+                    if all(type(p) in (cst.List, cst.Tuple) for p in parts):
+                        return 2
+            return None
+        if function in ("flatten", "masked_select"):
+            return 1
+        if function == "unique" and keyword_arg(node, "dim") is None:
+            return 1
+        return None
 
     def _concatenation_dup(self, function, parts, scope):
         """Why torch.cat(parts) may repeat an id: it joins two or more tensors the
@@ -1366,7 +1442,19 @@ class Analysis:
             item = receiver.item
         dup = receiver.dup if method in torch_api.SAME_IDS_METHODS else None
         note = BOOL_NOTE_MASK if item is not None and item.kind == BOOL else None
-        return Val(kind, item=item, dup=dup, optional=False, note=note)
+        ndim = None
+        if method in ("flatten", "ravel", "masked_select") or (
+            method in ("view", "reshape")
+            and len(node.args) == 1
+            and type(node.args[0].value) is cst.UnaryOperation
+            and source_of(node.args[0].value).replace(" ", "") == "-1"
+        ):
+            ndim = 1
+        elif method in _SHAPE_KEEPING:
+            ndim = receiver.ndim
+        if ndim == 1 and kind == ELEMENT:
+            kind = TENSOR
+        return Val(kind, item=item, dup=dup, optional=False, note=note, ndim=ndim)
 
     def _declared_tensor(self, dotted, name, is_method):
         """A call whose result configuration, this file or the project index declares
@@ -1376,12 +1464,13 @@ class Analysis:
                 return Val(TENSOR)
         local = self.local_returns.get(name)
         if local is not None:
-            return local if local.kind == TENSOR else NOTHING
+            return local if local.kind in (TENSOR, OBJECT) else NOTHING
         if is_method and name in GENERIC_METHODS:
             return NOTHING
         kind = self.index.returns_tensor(name)
         if kind is None:
-            return NOTHING
+            instance = self.class_val(self.index.factory_class(name))
+            return instance if instance is not None else NOTHING
         if kind == "b":
             return Val(TENSOR, item=A_BOOL, note=BOOL_NOTE_MASK)
         return Val(TENSOR, optional=kind == "o")
@@ -1426,7 +1515,7 @@ class Analysis:
                 return Val(SET, note="annotation")
             if last in DICT_ANNOTATIONS:
                 return Val(DICT, note="annotation")
-            return NOTHING
+            return self.class_val(last) or NOTHING
         if kind is cst.Subscript:
             base = self.canonical(dotted_name(node.value))
             if base is None:
@@ -1437,7 +1526,7 @@ class Analysis:
                 return NOTHING
             if last == "Optional":
                 inner = self.annotation_val(parts[0])
-                return inner.replace(optional=True) if inner.kind == TENSOR else NOTHING
+                return inner.replace(optional=True) if inner.kind in (TENSOR, OBJECT) else NOTHING
             if last == "Union":
                 return self._union(
                     [self.annotation_val(p) if not _is_none(p) else None for p in parts]
@@ -1496,6 +1585,10 @@ _LEAVES = frozenset(
 _COMPREHENSIONS = frozenset((cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp))
 _EVENTS = frozenset((cst.Call, cst.Comparison, cst.Subscript, cst.NamedExpr))
 _SET_KEYED = frozenset(("add", "discard", "remove"))
+# Tensor methods whose result has the receiver's shape.
+_SHAPE_KEEPING = frozenset(
+    "long int short to type cuda cpu clone contiguous detach pin_memory abs neg".split()
+)
 # Literals that cannot be block ids: `cache.release("session-a")` releases something else.
 _NOT_IDS = frozenset(
     (
@@ -1509,6 +1602,12 @@ _NOT_IDS = frozenset(
     )
 )
 _DICT_KEYED = frozenset(("setdefault", "get", "pop"))
+
+
+def _is_int_literal(node):
+    if type(node) is cst.UnaryOperation:
+        node = node.expression
+    return type(node) is cst.Integer
 
 
 def _bind_names(target, val, env):

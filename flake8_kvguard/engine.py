@@ -121,10 +121,17 @@ class deep_recursion:
         return False
 
 
-def analyze(module, config, index):
-    """Findings (with positions) for a parsed module."""
+def analyze(module, config, index, source=None):
+    """Findings (with positions) for a parsed module; `source` is its text when the
+    caller has it (else libcst regenerates it)."""
+    from .index import LocalIndex
+
+    if source is None:
+        source = module.code
+    elif isinstance(source, bytes):
+        source = module.code
     with deep_recursion():
-        return _analyze(module, config, index)
+        return _analyze(module, config, LocalIndex(index, source))
 
 
 def _analyze(module, config, index):
@@ -171,7 +178,7 @@ def lint_source(source, config, index, *, use_prefilter=True, tree=None):
     if callable(index):
         index = index()
     try:
-        return analyze(module, config, index)
+        return analyze(module, config, index, source)
     except RecursionError:
         return []
 

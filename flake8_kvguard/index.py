@@ -6,7 +6,10 @@ time, in several processes, so the index is built from the whole project once,
 kept on disk keyed by each file's mtime and size, and read back by every process.
 
 Building it does not parse anything: a textual scan finds each `def`, its return
-annotation and the annotation of its first parameter after `self`.
+annotation and the annotation of its first parameter after `self`, each `class` with
+its bases and methods, and, for a method whose ids parameter has no annotation,
+whether its body treats the ids as a tensor (`ids.long()`, `ids.numel()`,
+`torch.cat((free, ids))`, `torch.unique(ids)`): such a method takes tensors.
 """
 
 from __future__ import annotations
@@ -18,11 +21,11 @@ import os
 import re
 import tempfile
 
-from . import project
+from . import project, torch_api
 
 LOG = logging.getLogger("flake8.kvguard")
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 CACHE_DIR_NAME = ".kvguard_cache"
 CACHE_FILE = "lint-index.json"
 MAX_FILES = 50_000  # a "project" bigger than this is a home directory, not a project
@@ -35,6 +38,16 @@ OPTIONAL_TENSOR = "o"
 OTHER = "n"
 
 _DEF = re.compile(r"^[ \t]*(?:async[ \t]+)?def[ \t]+(\w+)[ \t]*(?:\[[^\]\n]*\])?[ \t]*\(", re.M)
+_CLASS = re.compile(r"^([ \t]*)class[ \t]+(\w+)[ \t]*(?:\[[^\]\n]*\])?[ \t]*(?:\(([^)]*)\))?[ \t]*:", re.M)
+_STATEMENT_START = re.compile(r"^([ \t]*)(?=[^ \t\n#])", re.M)
+# What a body does with a parameter only if it is a tensor. `torch.tensor(ids)` is
+# not among them: it makes a tensor out of a list.
+_TENSOR_ONLY_METHODS = torch_api.TORCH_ONLY_METHODS | frozenset(("numel", "clone"))
+_TENSOR_OPS = frozenset(
+    "cat concat concatenate stack hstack vstack unique unique_consecutive isin "
+    "index_select masked_select cumsum bincount searchsorted argsort".split()
+)
+_TORCH_CALL = re.compile(r"\btorch\.(\w+)\(")
 _TENSOR_NAME = (
     r"(?:torch\.(?:cuda\.)?)?"
     r"(?:Tensor|LongTensor|IntTensor|ShortTensor|ByteTensor|CharTensor|BoolTensor)"
@@ -155,8 +168,8 @@ def _split_top_level(text: str, separator: str):
     return parts
 
 
-def _first_id_parameter_kind(params: str, is_method: bool):
-    """Kind of the annotation of the first parameter that receives ids."""
+def _first_id_parameter(params: str, is_method: bool):
+    """(name, annotation text or None) of the first parameter that receives ids."""
     for param in _split_top_level(params, ","):
         param = param.strip()
         if not param or param in ("/", "*") or param.startswith("*"):
@@ -166,36 +179,121 @@ def _first_id_parameter_kind(params: str, is_method: bool):
         if is_method and name in ("self", "cls"):
             continue
         if not annotation:
-            return None
-        annotation = _split_top_level(annotation, "=")[0]
-        return classify_annotation(annotation)
-    return None
+            return name, None
+        return name, _split_top_level(annotation, "=")[0]
+    return None, None
+
+
+def _first_id_parameter_kind(params: str, is_method: bool):
+    """Kind of the annotation of the first parameter that receives ids."""
+    _, annotation = _first_id_parameter(params, is_method)
+    return None if annotation is None else classify_annotation(annotation)
+
+
+def _body_end(source: str, start: int, indent: int) -> int:
+    """Where the body of a def whose header ends at `start` ends: the next statement
+    indented no deeper than the def (a docstring line at column 0 ends it early,
+    which only loses evidence)."""
+    for match in _STATEMENT_START.finditer(source, start):
+        if match.start() == start:
+            continue
+        if len(match.group(1)) <= indent:
+            return match.start()
+    return len(source)
+
+
+def uses_as_tensor(body: str, name: str) -> bool:
+    """Whether a function body treats `name` as a torch tensor."""
+    if not re.match(r"^\w+$", name):
+        return False
+    for method in re.finditer(rf"(?<![\w.]){name}\s*\.\s*(\w+)\s*\(", body):
+        if method.group(1) in _TENSOR_ONLY_METHODS:
+            return True
+    mentions = re.compile(rf"\s*\(?[^()]*(?<![\w.]){name}\b")
+    for call in _TORCH_CALL.finditer(body):
+        if call.group(1) in _TENSOR_OPS and mentions.match(body, call.end()):
+            return True
+    return False
+
+
+def _annotation_class(text: str):
+    """The class an annotation names (`Pool`, `"Pool"`, `Optional[mod.Pool]`), or None."""
+    text = re.sub(r"\s+", "", text).strip("'\"")
+    optional = _OPTIONAL.match(text)
+    if optional:
+        text = optional.group("a") or optional.group("b") or optional.group("c")
+    if not re.match(r"^[\w.]+$", text):
+        return None
+    last = text.rpartition(".")[2]
+    return last if last[:1].isupper() and last != "None" else None
 
 
 def scan_source(source: str) -> dict:
-    """Index entries of one file: {"r": {name: kinds}, "p": [names]}.
+    """Index entries of one file: {"r": {name: kinds}, "p": [names], "c": {class:
+    {"b": [bases], "m": {method: "t" or "n"}}}, "k": {function: class}}.
 
     "r" maps each function annotated with a return type to the kinds of its return
     annotations ("t" tensor, "b" bool tensor, "o" optional tensor, "n" other).
-    "p" lists the functions whose first id parameter is annotated as a tensor.
+    "p" lists the functions whose first id parameter takes a tensor (annotated so, or
+    used as one in the body). "c" gives each class its bases and, per method, "t" when
+    its ids parameter takes tensors and "n" when it is annotated as something else.
+    "k" maps functions annotated to return an instance of a class to that class.
     """
     returns: dict = {}
     tensor_params = set()
-    for match in _DEF.finditer(source):
+    classes: dict = {}
+    factories: dict = {}
+    scopes = []  # (indent, class name or None for a def), innermost last
+    events = [(m.start(), "c", m) for m in _CLASS.finditer(source)]
+    events += [(m.start(), "d", m) for m in _DEF.finditer(source)]
+    events.sort(key=lambda event: event[0])
+    for position, kind, match in events:
+        header = match.group(0)
+        indent = len(header) - len(header.lstrip(" \t"))
+        while scopes and scopes[-1][0] >= indent:
+            scopes.pop()
+        if kind == "c":
+            name = match.group(2)
+            bases = [
+                base.strip().rpartition(".")[2]
+                for base in (match.group(3) or "").split(",")
+                if base.strip() and "=" not in base
+            ]
+            classes.setdefault(name, {"b": bases, "m": {}})
+            scopes.append((indent, name))
+            continue
+        owner = scopes[-1][1] if scopes else None
+        scopes.append((indent, None))
         signature = _signature(source, match.end())
         if signature is None:
             continue
         params, annotation = signature
         name = match.group(1)
         if annotation is not None:
-            kind = classify_annotation(annotation)
+            kind_found = classify_annotation(annotation)
             kinds = returns.get(name, "")
-            if kind not in kinds:
-                returns[name] = kinds + kind
+            if kind_found not in kinds:
+                returns[name] = kinds + kind_found
+            returned = _annotation_class(annotation)
+            if returned is not None and kind_found == OTHER:
+                factories[name] = returned if factories.get(name, returned) == returned else ""
         is_method = match.group(0)[:1] in " \t"
-        if _first_id_parameter_kind(params, is_method) in (TENSOR, BOOL_TENSOR, OPTIONAL_TENSOR):
+        param, param_annotation = _first_id_parameter(params, is_method)
+        takes = None
+        if param_annotation is not None:
+            found = classify_annotation(param_annotation)
+            takes = "t" if found in (TENSOR, BOOL_TENSOR, OPTIONAL_TENSOR) else "n"
+        elif param is not None:
+            header_end = source.find(":", match.end() + len(params))
+            body = source[header_end : _body_end(source, header_end, indent)]
+            if uses_as_tensor(body, param):
+                takes = "t"
+        if takes == "t":
             tensor_params.add(name)
-    return {"r": returns, "p": sorted(tensor_params)}
+        if owner is not None and takes is not None:
+            classes[owner]["m"][name] = takes
+    factories = {name: cls for name, cls in factories.items() if cls}
+    return {"r": returns, "p": sorted(tensor_params), "c": classes, "k": factories}
 
 
 class ProjectIndex:
@@ -204,10 +302,27 @@ class ProjectIndex:
     def __init__(self, entries=()):
         kinds: dict = {}
         tensor_params = set()
+        classes: dict = {}
+        factories: dict = {}
         for entry in entries:
             for name, found in entry["r"].items():
                 kinds[name] = kinds.get(name, "") + found
             tensor_params.update(entry["p"])
+            for name, info in entry.get("c", {}).items():
+                # Two classes of one name: keep what they agree on.
+                known = classes.get(name)
+                if known is None:
+                    classes[name] = {"b": list(info["b"]), "m": dict(info["m"])}
+                else:
+                    known["b"] = [base for base in known["b"] if base in info["b"]]
+                    for method, takes in info["m"].items():
+                        if known["m"].get(method, takes) != takes:
+                            takes = "?"
+                        known["m"][method] = takes
+            for name, cls in entry.get("k", {}).items():
+                factories[name] = cls if factories.get(name, cls) == cls else ""
+        self.classes = classes
+        self.factories = {name: cls for name, cls in factories.items() if cls}
         self.returns = {}
         for name, found in kinds.items():
             found = set(found)
@@ -226,8 +341,65 @@ class ProjectIndex:
         return self.returns.get(name)
 
     def takes_tensors(self, name: str) -> bool:
-        """Some definition of `name` annotates its ids parameter as a tensor."""
+        """Some definition of `name` takes its ids as a tensor (by annotation, or by
+        what its body does with them)."""
         return name in self.tensor_params
+
+    def is_class(self, name: str) -> bool:
+        return name in self.classes
+
+    def factory_class(self, name: str):
+        """The class a function is annotated to return an instance of, or None."""
+        return self.factories.get(name)
+
+    def method_takes(self, cls: str, method: str):
+        """ "t" when `cls.method` takes ids as a tensor, "n" when it is annotated to take
+        something else, None when unknown (no such class or method, or an ambiguous one);
+        methods are looked up through the bases the index knows."""
+        seen = set()
+        queue = [cls]
+        while queue:
+            current = queue.pop(0)
+            if current in seen or len(seen) > 20:
+                continue
+            seen.add(current)
+            info = self.classes.get(current)
+            if info is None:
+                return None  # a base outside the project may define it
+            takes = info["m"].get(method)
+            if takes is not None:
+                return takes if takes != "?" else None
+            queue.extend(info["b"])
+        return None
+
+
+class LocalIndex:
+    """The project index, with what the file being checked says of itself first:
+    its own classes and functions as it is now (the project's cache may be older, and
+    a file outside any project has only itself)."""
+
+    def __init__(self, project_index, source: str):
+        self.project = project_index
+        self.local = ProjectIndex([scan_source(source)])
+
+    def returns_tensor(self, name):
+        return self.project.returns_tensor(name)
+
+    def takes_tensors(self, name):
+        return self.local.takes_tensors(name) or self.project.takes_tensors(name)
+
+    def is_class(self, name):
+        return self.local.is_class(name) or self.project.is_class(name)
+
+    def factory_class(self, name):
+        return self.local.factory_class(name) or self.project.factory_class(name)
+
+    def method_takes(self, cls, method):
+        if self.local.is_class(cls):
+            found = self.local.method_takes(cls, method)
+            if found is not None:
+                return found
+        return self.project.method_takes(cls, method)
 
 
 EMPTY = ProjectIndex()

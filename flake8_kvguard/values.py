@@ -16,6 +16,7 @@ BOOL = "bool"
 INT = "int"
 SET = "set"  # hash-based: membership and de-duplication go by hash()
 DICT = "dict"
+OBJECT = "object"  # an instance of a class the code names: `cls` is its name
 
 
 class Val:
@@ -24,17 +25,22 @@ class Val:
     `item` is the value of the elements (sequences, sets, tensors: a bool tensor is a
     tensor whose item is BOOL). `dup` says why a collection may repeat an id, `note`
     why a value is a bool; `optional` marks a value that may also be None (an
-    Optional[Tensor] annotation), which is never rewritten.
+    Optional[Tensor] annotation), which is never rewritten. `cls` names the class of an
+    OBJECT, so that a call on it resolves to that class's method.
     """
 
-    __slots__ = ("kind", "item", "dup", "optional", "note")
+    __slots__ = ("kind", "item", "dup", "optional", "note", "cls", "ndim")
 
-    def __init__(self, kind, item=None, dup=None, optional=False, note=None):
+    def __init__(
+        self, kind, item=None, dup=None, optional=False, note=None, cls=None, ndim=None
+    ):
         self.kind = kind
         self.item = item
         self.dup = dup
         self.optional = optional
         self.note = note
+        self.cls = cls
+        self.ndim = ndim  # a tensor's number of dimensions where the code proves it
 
     def replace(self, **changes):
         fields = {name: getattr(self, name) for name in self.__slots__}
@@ -44,7 +50,7 @@ class Val:
     def __repr__(self):  # for test failures
         extra = "".join(
             f", {name}={getattr(self, name)!r}"
-            for name in ("item", "dup", "optional", "note")
+            for name in ("item", "dup", "optional", "note", "cls", "ndim")
             if getattr(self, name)
         )
         return f"Val({self.kind!r}{extra})"
@@ -55,7 +61,7 @@ class Val:
         )
 
     def __hash__(self):
-        return hash((self.kind, self.item, self.dup, self.optional, self.note))
+        return hash((self.kind, self.item, self.dup, self.optional, self.note, self.cls, self.ndim))
 
 
 NOTHING = Val(UNKNOWN)
@@ -76,8 +82,12 @@ def elements(val: Val) -> Val:
     """The value of one element when iterating over `val`."""
     kind = val.kind
     if kind == TENSOR or kind == ELEMENT:
-        # t[i] of a tensor of unknown rank may be a row: iterating it gives elements.
-        return Val(ELEMENT, item=val.item)
+        ndim = val.ndim
+        if ndim is not None and ndim >= 2:
+            return Val(TENSOR, item=val.item, ndim=ndim - 1)  # the rows of a table
+        # t[i] of a tensor of unknown rank may be a row: iterating it gives elements
+        # (ndim 0 only where proven).
+        return Val(ELEMENT, item=val.item, ndim=0 if ndim == 1 else None)
     if kind == TENSORS:
         return Val(TENSOR, item=val.item)
     if kind in (SEQUENCE, SET) and val.item is not None:

@@ -84,24 +84,59 @@ class _Key:
         self.id_names = id_names  # names the ids are read from: calls on them may mutate
 
 
-def _key(free):
+_SAME_IDS_BUILTINS = frozenset(("list", "tuple", "sorted", "set", "frozenset", "int"))
+
+
+def _unwrapped(node, ctx, scope):
+    """The value under wrappers that keep its ids: `ids.tolist()`, `list(ids)`,
+    `tuple()`, `sorted()`, `set()`, `int()`, nested in any order. `free(ids.tolist())`
+    then `free(ids)` frees the same ids twice: a KVG101 fix must not hide this."""
+    while type(node) is cst.Call:
+        func = node.func
+        if (
+            type(func) is cst.Attribute
+            and func.attr.value == "tolist"
+            and not node.args
+        ):
+            node = func.value
+            continue
+        positional = [arg for arg in node.args if arg.keyword is None]
+        if (
+            type(func) is cst.Name
+            and func.value in _SAME_IDS_BUILTINS
+            and len(positional) == 1
+            and not positional[0].star
+            and (len(node.args) == 1 or func.value == "sorted")
+            and (scope is None or ctx.builtin_available(func.value, scope))
+        ):
+            node = positional[0].value
+            continue
+        break
+    return node
+
+
+def _key(free, ctx):
     """What identifies "the same ids freed by the same callee", or None when the call
     computes something (a call, await, comprehension) that may differ each time."""
     call = free.call
-    parts = [call.func] + [arg.value for arg in call.args]
-    for part in parts:
+    args = [_unwrapped(arg.value, ctx, free.scope) for arg in call.args]
+    for part in [call.func] + args:
         for node in walk_all(part):
             if isinstance(node, _OPAQUE):
                 return None
     text = (
         "".join(source_of(call.func).split())
         + "("
-        + ",".join("".join(source_of(arg).split()).rstrip(",") for arg in call.args)
+        + ",".join(
+            (arg.keyword.value + "=" if arg.keyword is not None else "")
+            + "".join(source_of(value).split())
+            for arg, value in zip(call.args, args)
+        )
         + ")"
     )
     id_names = set()
-    for arg in call.args:
-        id_names |= names_in(arg.value)
+    for value in args:
+        id_names |= names_in(value)
     return _Key(free, text, names_in(call.func) | id_names, id_names)
 
 
@@ -348,6 +383,8 @@ class _Paths:
     def call(self, call, state, nested):
         key = self.keys.get(id(call))
         if key is None:
+            if _unwrapped(call, self.ctx, None) is not call:
+                return state  # ids.tolist(), list(ids), ...: read the ids, change nothing
             touched = set()
             func = call.func
             if type(func) is cst.Attribute:
@@ -388,7 +425,7 @@ class _Paths:
 def check_function(node, free_calls, ctx):
     keys = {}
     for free in free_calls:
-        key = _key(free)
+        key = _key(free, ctx)
         if key is not None:
             keys[id(free.call)] = key
     if not keys:

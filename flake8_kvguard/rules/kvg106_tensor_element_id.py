@@ -2,7 +2,9 @@
 
 `t[i]` and the items of `for b in t` are 0-dim tensors, not ints: they hash by
 identity (an allocator's `in`/set checks miss them) and index a tensor as tensors.
-Pass int(t[i]).
+Pass int(t[i]). `--fix` writes int() only where the element is proven 0-dim (the
+tensor's rank is shown: `torch.arange`, `.flatten()`, `.view(-1)`, `torch.zeros(4, 8)`
+indexed twice): `t[0]` of a 2-D table is a row, and int() of a row raises.
 """
 
 import libcst as cst
@@ -26,43 +28,54 @@ BAD = [
     """\
 import torch
 
-def drop_last(allocator, block_ids: torch.Tensor) -> None:
+def drop_last(allocator, first: int, last: int) -> None:
+    block_ids = torch.arange(first, last)
     allocator.free(block_ids[-1])
 """,
     """\
 import torch
 
 def drop(allocator, block_ids: torch.Tensor) -> None:
-    for block in block_ids:
+    for block in block_ids.flatten():
         allocator.free_block(block)
 """,
     """\
 import torch
 
 def drop(allocator, block_ids: torch.Tensor) -> None:
-    allocator.free([block_ids[0], block_ids[1]])
+    flat = block_ids.view(-1)
+    allocator.free([flat[0], flat[1]])
+""",
+    """\
+import torch
+
+def drop_last(allocator, block_ids: torch.Tensor) -> None:
+    allocator.free(block_ids[-1])  # a row if block_ids is a table: not rewritten
 """,
 ]
 FIXED = [
     """\
 import torch
 
-def drop_last(allocator, block_ids: torch.Tensor) -> None:
+def drop_last(allocator, first: int, last: int) -> None:
+    block_ids = torch.arange(first, last)
     allocator.free(int(block_ids[-1]))
 """,
     """\
 import torch
 
 def drop(allocator, block_ids: torch.Tensor) -> None:
-    for block in block_ids:
+    for block in block_ids.flatten():
         allocator.free_block(int(block))
 """,
     """\
 import torch
 
 def drop(allocator, block_ids: torch.Tensor) -> None:
-    allocator.free([int(block_ids[0]), int(block_ids[1])])
+    flat = block_ids.view(-1)
+    allocator.free([int(flat[0]), int(flat[1])])
 """,
+    None,
 ]
 GOOD = [
     """\
@@ -115,6 +128,11 @@ def _message(call, ids):
 
 
 def _int_fix(node, ctx, scope):
+    """int(x) only where x is proven a 0-dim element: an index of a tensor whose rank
+    the code shows, or an item of a 1-D one. `tables[0]` of `torch.zeros(4, 8)` is a
+    row, and int() of a row raises."""
     if not ctx.builtin_available("int", scope):
+        return None
+    if ctx.infer(node, scope).ndim != 0:
         return None
     return (node, builtin_call("int", node))

@@ -190,7 +190,8 @@ def test_bad_configuration_is_one_line(tmp_path, pyproject, message):
 
 def test_fix_rewrites_in_place_and_is_idempotent(tmp_path):
     source = BAD.replace(
-        "allocator.free(ids)\n", "allocator.free(ids)  # keep me\n    allocator.free(ids[0])\n"
+        "allocator.free(ids)\n",
+        "allocator.free(ids)  # keep me\n    allocator.free(ids.view(-1)[0])\n",
     )
     source += "    allocator.free(ids[1:])  # noqa: KVG101\n"
     write_project(tmp_path, {"mod.py": source})
@@ -199,7 +200,7 @@ def test_fix_rewrites_in_place_and_is_idempotent(tmp_path):
     assert err == "kvguard lint: applied 2 fixes\n"
     assert path.read_text().splitlines()[4:] == [
         "    allocator.free(ids.tolist())  # keep me",
-        "    allocator.free(int(ids[0]))",
+        "    allocator.free(int(ids.view(-1)[0]))",
         "    allocator.free(ids[1:])  # noqa: KVG101",
     ]
     assert (status, out) == (0, "")
@@ -221,10 +222,10 @@ def test_fix_keeps_crlf_and_encoding_and_reports_what_remains(tmp_path):
 
 
 def test_fix_only_selected_codes(tmp_path):
-    write_project(tmp_path, {"mod.py": BAD + "    allocator.free(ids[0])\n"})
+    write_project(tmp_path, {"mod.py": BAD + "    allocator.free(ids.flatten()[0])\n"})
     run_cli(["--fix", "--select", "KVG106", "mod.py"], tmp_path)
     text = (tmp_path / "mod.py").read_text()
-    assert "allocator.free(ids)\n" in text and "allocator.free(int(ids[0]))" in text
+    assert "allocator.free(ids)\n" in text and "allocator.free(int(ids.flatten()[0]))" in text
 
 
 def test_python_dash_m_and_help(tmp_path):

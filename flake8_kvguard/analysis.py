@@ -215,16 +215,19 @@ class HashUse:
 
 
 class FreeMethod:
-    """A free-like method defined in a class (KVG201, KVG202)."""
+    """A free-like method defined in a class (KVG201-KVG204)."""
 
-    __slots__ = ("function", "class_info", "param", "tensor_param", "self_name")
+    __slots__ = ("function", "class_info", "param", "tensor_param", "self_name", "int_ids")
 
-    def __init__(self, function, class_info, param, tensor_param, self_name):
+    def __init__(self, function, class_info, param, tensor_param, self_name, int_ids=True):
         self.function = function
         self.class_info = class_info
         self.param = param  # name of the parameter receiving the ids
         self.tensor_param = tensor_param
         self.self_name = self_name
+        # False when the annotation says the ids travel as objects (vLLM's
+        # KVCacheBlock) or arrays: the rules about int ids (KVG201, KVG202) skip it.
+        self.int_ids = int_ids
 
 
 class Analysis:
@@ -528,16 +531,17 @@ class Analysis:
         if param is None:
             return
         tensor_param = False
+        int_ids = True
         if param.annotation is not None:
             annotation = param.annotation.annotation
             val = self.annotation_val(annotation)
             if val.kind == TENSOR:
                 tensor_param = True
             elif not _mentions_int(annotation):
-                return  # ids that travel as objects (vLLM's KVCacheBlock), or not ids at all
+                int_ids = False  # ids that travel as objects (KVCacheBlock), or arrays
         params = _all_params(node.params)
         self_name = params[0].name.value if params and not _is_static(node) else None
-        method = FreeMethod(node, class_info, param.name.value, tensor_param, self_name)
+        method = FreeMethod(node, class_info, param.name.value, tensor_param, self_name, int_ids)
         for rule in self.method_rules:
             rule.check_free_method(method, self)
 

@@ -16,6 +16,8 @@ from . import (
     kvg106_tensor_element_id,
     kvg201_no_duplicate_check,
     kvg202_unnormalized_ids,
+    kvg203_batched_free,
+    kvg204_unchecked_free,
 )
 
 RULES = (
@@ -27,6 +29,8 @@ RULES = (
     kvg106_tensor_element_id,
     kvg201_no_duplicate_check,
     kvg202_unnormalized_ids,
+    kvg203_batched_free,
+    kvg204_unchecked_free,
 )
 
 BY_CODE = {rule.CODE: rule for rule in RULES}

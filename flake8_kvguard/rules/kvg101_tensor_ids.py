@@ -78,6 +78,8 @@ import torch
 
 class TokenAllocator:
     def free(self, free_index: torch.Tensor) -> None:
+        if torch.unique(free_index).numel() != free_index.numel():
+            raise ValueError("repeated ids")
         self.free_pages = torch.cat((self.free_pages, free_index))
 
 def release(allocator: TokenAllocator, indices: torch.Tensor) -> None:

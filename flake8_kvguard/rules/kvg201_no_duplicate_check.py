@@ -97,7 +97,9 @@ def collection_names(function, param):
         ):
             value = node.value
             wraps = False
-            if type(value) in (cst.List, cst.Tuple) and len(value.elements) == 1:
+            if type(value) is cst.Name:
+                wraps = value.value in names  # an alias: freed = blocks
+            elif type(value) in (cst.List, cst.Tuple) and len(value.elements) == 1:
                 element = value.elements[0].value
                 wraps = type(element) is cst.Name and element.value in names
             elif _iterates(value, names):
@@ -167,14 +169,14 @@ def _mutates_per_id(loop):
             and node.func.attr.value in _MUTATORS
         ):
             return True
-        elif kind is cst.Comparison and any(
-            type(t.operator) in (cst.In, cst.NotIn) for t in node.comparisons
-        ):
-            return True
+    # A membership test (`if b in self._free: raise`) checks each id against state
+    # but catches a repeat only if the same loop then changes that state.
     return False
 
 
 def check_free_method(method, ctx):
+    if not method.int_ids:
+        return
     function = method.function
     names = collection_names(function, method.param)
     loops = _validation_loops(function, names)

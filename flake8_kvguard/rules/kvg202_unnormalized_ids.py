@@ -54,7 +54,10 @@ from typing import Iterable
 
 class BlockPool:
     def free_blocks(self, ordered_blocks: Iterable["KVCacheBlock"]) -> None:
-        for block in ordered_blocks:
+        blocks = list(ordered_blocks)
+        if len(set(map(id, blocks))) != len(blocks):
+            raise ValueError("a block is listed twice")
+        for block in blocks:
             block.ref_cnt -= 1
             self.free_block_queue.append(block)
 """,
@@ -66,7 +69,7 @@ _ID_METHODS = frozenset(("item", "tolist", "__index__", "__int__", "bit_length")
 
 
 def check_free_method(method, ctx):
-    if method.tensor_param or method.self_name is None:
+    if method.tensor_param or method.self_name is None or not method.int_ids:
         return
     function = method.function
     owner = method.self_name

@@ -190,6 +190,15 @@ def _first_id_parameter_kind(params: str, is_method: bool):
     return None if annotation is None else classify_annotation(annotation)
 
 
+_TENSOR_WORD = re.compile(r"\bTensor\b|\bLongTensor\b|\bIntTensor\b")
+
+
+def _says_nothing(annotation: str) -> bool:
+    """`Any`, `object` and the like: an annotation that leaves the kind open."""
+    text = re.sub(r"\s+", "", annotation).strip("'\"")
+    return text in ("Any", "typing.Any", "object", "t.Any")
+
+
 def _body_end(source: str, start: int, indent: int) -> int:
     """Where the body of a def whose header ends at `start` ends: the next statement
     indented no deeper than the def (a docstring line at column 0 ends it early,
@@ -280,10 +289,14 @@ def scan_source(source: str) -> dict:
         is_method = match.group(0)[:1] in " \t"
         param, param_annotation = _first_id_parameter(params, is_method)
         takes = None
+        if param_annotation is not None and _says_nothing(param_annotation):
+            param_annotation = None  # `ids: Any`: the body decides
         if param_annotation is not None:
             found = classify_annotation(param_annotation)
             takes = "t" if found in (TENSOR, BOOL_TENSOR, OPTIONAL_TENSOR) else "n"
-        elif param is not None:
+            if takes == "n" and _TENSOR_WORD.search(param_annotation):
+                takes = "t"  # Union[torch.Tensor, List[int]] takes tensors too
+        if param_annotation is None and param is not None:
             header_end = source.find(":", match.end() + len(params))
             body = source[header_end : _body_end(source, header_end, indent)]
             if uses_as_tensor(body, param):

@@ -151,6 +151,8 @@ def test_sarif_format(tmp_path):
         "KVG106",
         "KVG201",
         "KVG202",
+        "KVG203",
+        "KVG204",
     ]
     [result] = run["results"]
     assert result["ruleId"] == "KVG101" and rules[result["ruleIndex"]]["id"] == "KVG101"

@@ -33,5 +33,6 @@ def test_configuration_examples(tmp_path):
 
 def test_ruff_external_and_codes_are_documented():
     assert 'external = ["KVG"]' in LINT_MD
-    for code in ("KVG101", "KVG102", "KVG103", "KVG104", "KVG105", "KVG106", "KVG201", "KVG202"):
+    for code in ("KVG101", "KVG102", "KVG103", "KVG104", "KVG105", "KVG106", "KVG201", "KVG202",
+                 "KVG203", "KVG204"):
         assert f"| {code} |" in LINT_MD

@@ -1,10 +1,11 @@
-"""Real engine code: DeepSpeed 0.19.8, vLLM and SGLang, as `pip download --no-deps` gets them.
+"""Real engine code: DeepSpeed 0.19.8, vLLM, SGLang, lmdeploy and aphrodite-engine, as
+`pip download --no-deps` gets them.
 
 .ci/run downloads them into $KVGUARD_ENGINE_CACHE (default ~/.cache/kvguard-engines);
 without the download these tests skip and say what to run. DeepSpeed is checked whole
-(every file through the analysis, no pre-filter); vLLM's and SGLang's KV-cache modules
-likewise. Their whole packages (50 MB and 68 MB of Python) take minutes: set
-KVGUARD_LINT_WHOLE_PACKAGES=1 to run them too.
+(every file through the analysis, no pre-filter); the KV-cache modules of the others
+likewise, with generated deep files among them (depth.py). Their whole packages (6 to 68
+MB of Python each) take minutes: set KVGUARD_LINT_WHOLE_PACKAGES=1 to run them too.
 """
 
 import os
@@ -28,9 +29,15 @@ KV_CACHE_MODULES = {
         "vllm/v1/hisparse/",
     ),
     "sglang": ("sglang/srt/mem_cache/", "sglang/srt/disaggregation/"),
+    "lmdeploy": ("lmdeploy/pytorch/paging/",),
+    "aphrodite": (
+        "aphrodite/v1/core/",
+        "aphrodite/v1/kv_offload/",
+        "aphrodite/v1/simple_kv_offload/",
+    ),
 }
 
-# Every finding on these packages, triaged (see the closing note of issue 3):
+# Every finding on these packages, triaged in docs/lint.md ("Findings on five engines"):
 EXPECTED = {
     "deepspeed": [
         "deepspeed/inference/v2/ragged/blocked_allocator.py:74:9: KVG201",
@@ -44,11 +51,34 @@ EXPECTED = {
     ],
     "sglang": [
         "sglang/srt/disaggregation/utils.py:396:32: KVG202",
+        "sglang/srt/mem_cache/allocator/mamba.py:79:9: KVG204",
+        "sglang/srt/mem_cache/allocator/token.py:65:9: KVG204",
         "sglang/srt/mem_cache/unified_radix_cache.py:3269:39: KVG102",
         "sglang/srt/mem_cache/unified_radix_cache.py:3287:25: KVG102",
     ],
+    "lmdeploy": [
+        "lmdeploy/pytorch/paging/block_manager/base_block_manager.py:112:9: KVG203",
+        "lmdeploy/pytorch/paging/block_manager/base_block_manager.py:53:9: KVG204",
+        "lmdeploy/pytorch/paging/state_manager.py:29:48: KVG202",
+    ],
+    "aphrodite": [
+        "aphrodite/v1/core/block_pool.py:639:9: KVG204",
+        "aphrodite/v1/simple_kv_offload/manager.py:954:45: KVG102",
+    ],
 }
-VERSIONS = {"vllm": "0.33.0", "sglang": "0.5.23"}
+# name -> (wheel file name, pip pin)
+WHEELS = {
+    "vllm": ("vllm-0.33.0-*.whl", "vllm==0.33.0"),
+    "sglang": ("sglang-0.5.23-*.whl", "sglang==0.5.23"),
+    "lmdeploy": ("lmdeploy-0.18.0-*.whl", "lmdeploy==0.18.0"),
+    "aphrodite": ("aphrodite_engine-0.24.1-*.whl", "aphrodite-engine==0.24.1"),
+}
+# Generated input libcst cannot survive (see test_deep_input.py): skipped, never a crash.
+DEEP_FILES = {
+    "deep_and.py": "alloc.free(ids)\nx = " + " and ".join(["a"] * 20_000) + "\n",
+    "deep_calls.py": "alloc.free(ids)\nx = a" + "()" * 20_000 + "\n",
+    "deep_lambdas.py": "alloc.free(ids)\nx = " + "lambda: " * 5_000 + "a\n",
+}
 
 
 def _archive(pattern, pin):
@@ -73,14 +103,16 @@ def deepspeed(tmp_path_factory):
 
 
 def _wheel(tmp_path_factory, name, prefixes):
-    version = VERSIONS[name]
-    wheel = _archive(f"{name}-{version}-*.whl", f"{name}=={version}")
+    wheel = _archive(*WHEELS[name])
     target = tmp_path_factory.mktemp(name)
     with zipfile.ZipFile(wheel) as archive:
         for member in archive.namelist():
             if member.endswith(".py") and (prefixes is None or member.startswith(prefixes)):
                 archive.extract(member, target)
     (target / "setup.cfg").write_text("[metadata]\n")
+    for deep, text in DEEP_FILES.items():
+        (target / name / deep).parent.mkdir(parents=True, exist_ok=True)
+        (target / name / deep).write_text(text)
     return target
 
 
@@ -125,10 +157,12 @@ def test_deepspeed_every_file_analyzed_without_a_crash(deepspeed):
     assert _check_every_file(deepspeed / "deepspeed") > 700
 
 
-@pytest.mark.parametrize("name", ["vllm", "sglang"])
+@pytest.mark.parametrize("name", ["vllm", "sglang", "lmdeploy", "aphrodite"])
 def test_kv_cache_modules(tmp_path_factory, name):
     root = _wheel(tmp_path_factory, name, None if WHOLE else KV_CACHE_MODULES[name])
-    assert _check_every_file(root) > 10
+    assert _check_every_file(root) > 5
     status, out, err = run_cli([name], root)
     assert (status, err) == (1, "")
-    assert sorted(" ".join(line.split(" ")[:2]) for line in out.splitlines()) == EXPECTED[name]
+    found = sorted(" ".join(line.split(" ")[:2]) for line in out.splitlines())
+    deep = sorted(f"{name}/{deep}:2:1: KVG000" for deep in DEEP_FILES)
+    assert found == sorted(EXPECTED[name] + deep)

@@ -147,7 +147,7 @@ def test_readme_commands_that_ci_runs_are_there_once_and_agree():
 
 def test_readme_download_command_fetches_what_ci_downloads():
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
-    (loop,) = re.findall(r"^for pin in (.*?); do$", ci, re.M)
+    (loop,) = re.findall(r"^for pin in (.*?); do$", ci.replace("\\\n", " "), re.M | re.S)
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     (command,) = re.findall(r"^pip download --no-deps (.*) -d ~/\.cache/kvguard-engines$",
                             readme, re.M)

@@ -1,7 +1,7 @@
 """No input crashes the checker: broken, odd, new, huge and generated programs."""
 
+import sys
 import textwrap
-import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -81,6 +81,23 @@ def test_new_syntax_is_analyzed():
     assert lint(source) == ["8:28 KVG101", "10:28 KVG103", "18:43 KVG106", "22:33 KVG101"]
 
 
+def _calls(source) -> tuple:
+    """Findings and the number of Python calls the checker made: work counted, not timed."""
+    calls = 0
+
+    def count(frame, event, arg):
+        nonlocal calls
+        if event == "call":
+            calls += 1
+
+    sys.setprofile(count)
+    try:
+        found = _strict(source)
+    finally:
+        sys.setprofile(None)
+    return found, calls
+
+
 def test_huge_file_is_linear():
     block = textwrap.dedent("""\
         def f{n}(allocator, ids: torch.Tensor, seqs) -> None:
@@ -94,22 +111,28 @@ def test_huge_file_is_linear():
             else:
                 allocator.free(set(ids))
         """)
-    source = "import torch\n" + "".join(block.format(n=n) for n in range(1500))
-    assert len(source.splitlines()) > 15000
-    start = time.perf_counter()
-    found = _strict(source)
-    elapsed = time.perf_counter() - start
-    assert len(found) == 1500 * 3  # KVG102, KVG101, KVG105 (set(ids))
-    assert elapsed < 20
+    small, large = (
+        "import torch\n" + "".join(block.format(n=n) for n in range(count)) for count in (40, 400)
+    )
+    assert len(large.splitlines()) > 4000
+    found_small, work_small = _calls(small)
+    found_large, work_large = _calls(large)
+    assert len(found_small) == 40 * 3  # KVG102, KVG101, KVG105 (set(ids))
+    assert len(found_large) == 400 * 3
+    # Ten times the code costs about ten times the work; anything quadratic costs a hundred.
+    assert work_large < 14 * work_small, (work_small, work_large)
 
 
 def test_long_elif_chains_and_deep_nesting():
-    chain = "if x == 0:\n    alloc.free(True)\n" + "".join(
-        f"elif x == {i}:\n    alloc.free(True)\n" for i in range(1, 3000)
-    )
-    start = time.perf_counter()
-    assert len(_strict(chain)) == 3000
-    assert time.perf_counter() - start < 30
+    def chain(length):
+        return "if x == 0:\n    alloc.free(True)\n" + "".join(
+            f"elif x == {i}:\n    alloc.free(True)\n" for i in range(1, length)
+        )
+
+    found_short, work_short = _calls(chain(300))
+    found_long, work_long = _calls(chain(3000))
+    assert (len(found_short), len(found_long)) == (300, 3000)
+    assert work_long < 14 * work_short, (work_short, work_long)
     nested = "alloc.free(" + "(" * 150 + "True" + ")" * 150 + ")\n"
     _strict(nested)
     long_sum = "alloc.free(" + " + ".join(["[a]"] * 3000) + ")\n"

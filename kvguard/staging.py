@@ -668,24 +668,40 @@ def run_command(argv) -> int:
     except ValueError as exc:
         raise UsageError(f"kvguard run: error: {exc}") from None
     started = time.time()
-    try:
-        child = subprocess.Popen(command, env=env)
-    except OSError as exc:
-        print(f"kvguard run: error: cannot run {command[0]!r}: {exc.strerror or exc}",
-              file=sys.stderr)
-        return 127
     # Ctrl-C reaches the whole foreground process group: the command gets it from the terminal
     # (a second copy from here would look like a double Ctrl-C). A supervisor's SIGTERM or
-    # SIGHUP comes to this process alone: pass it on.
+    # SIGHUP comes to this process alone: pass it on. The handlers go in before the command
+    # starts, so a signal that comes while it is starting is held and passed on, never lost
+    # with this process (which would leave the command running on its own).
+    child = None
+    held = []
+
+    def forward(signum, _frame):
+        if child is None:
+            held.append(signum)
+        else:
+            child.send_signal(signum)
+
     previous = {}
-    for sig, handler in ((signal.SIGINT, signal.SIG_IGN),
-                         (signal.SIGTERM, lambda signum, _frame: child.send_signal(signum)),
-                         (signal.SIGHUP, lambda signum, _frame: child.send_signal(signum))):
+
+    def install(sig, handler):
         try:
-            previous[sig] = signal.signal(sig, handler)
+            previous.setdefault(sig, signal.signal(sig, handler))
         except (OSError, ValueError):
             pass
+
+    install(signal.SIGTERM, forward)
+    install(signal.SIGHUP, forward)
     try:
+        try:
+            child = subprocess.Popen(command, env=env)
+        except OSError as exc:
+            print(f"kvguard run: error: cannot run {command[0]!r}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return 127
+        install(signal.SIGINT, signal.SIG_IGN)  # after the start: an ignored signal is inherited
+        for signum in held:
+            child.send_signal(signum)
         code = child.wait()
     finally:
         for sig, handler in previous.items():

@@ -218,6 +218,36 @@ def test_run_passes_sigterm_on_to_the_command(tmp_path, staged_python):
     assert proc.returncode == 5 and out.strip() == "got SIGTERM", err
 
 
+def test_run_holds_a_signal_that_comes_while_the_command_starts(tmp_path, staged_python):
+    # The SIGTERM lands inside Popen, before the command is known: it is held and passed on
+    # once the command runs (which dies of it), instead of killing `kvguard run` alone and
+    # leaving the command running with nobody to wait for it.
+    (tmp_path / "launch.py").write_text(textwrap.dedent(f'''
+        import os, signal, subprocess, sys
+        from kvguard import cli
+        started = subprocess.Popen
+        def popen_then_signal(*args, **kwargs):
+            os.kill(os.getpid(), signal.SIGTERM)
+            return started(*args, **kwargs)
+        subprocess.Popen = popen_then_signal
+        sys.exit(cli.main(["run", "--log", "logs", "--", {staged_python!r}, "-c",
+                           "import time; time.sleep(60)"]))
+    '''))
+    out = subprocess.run([sys.executable, "launch.py"], cwd=tmp_path, env=staged_env(),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 128 + 15, (out.returncode, out.stderr)
+    assert "the command was killed by SIGTERM" in out.stderr
+
+
+def test_run_leaves_ctrl_c_to_the_command(tmp_path, staged_python):
+    # `kvguard run` ignores SIGINT itself (the terminal sends it to the whole group); the
+    # command must not inherit that.
+    probe = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    out = cli("run", "--log", str(tmp_path / "logs"), "--", staged_python, "-c", probe,
+              cwd=tmp_path, env=staged_env())
+    assert out.returncode == 0 and out.stdout.splitlines()[0] == "True", out.stderr
+
+
 def test_run_blames_the_command_when_it_failed_before_reporting(tmp_path, staged_python):
     # A serve.py that dies at start-up (DeepSpeed's pin_memory=True on a CPU-only torch) wrote
     # nothing: the line says the command failed, not that no allocator was registered.

@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -241,10 +242,13 @@ def test_run_holds_a_signal_that_comes_while_the_command_starts(tmp_path, staged
 
 def test_run_leaves_ctrl_c_to_the_command(tmp_path, staged_python):
     # `kvguard run` ignores SIGINT itself (the terminal sends it to the whole group); the
-    # command must not inherit that.
+    # command must not inherit that. Started with SIGINT at its default (a shell's background
+    # job, CI's for one, starts with it ignored), so the command's own disposition shows.
     probe = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
-    out = cli("run", "--log", str(tmp_path / "logs"), "--", staged_python, "-c", probe,
-              cwd=tmp_path, env=staged_env())
+    out = subprocess.run([sys.executable, "-m", "kvguard", "run", "--log", str(tmp_path / "logs"),
+                          "--", staged_python, "-c", probe], cwd=tmp_path, env=staged_env(),
+                         capture_output=True, text=True, timeout=60,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert out.returncode == 0 and out.stdout.splitlines()[0] == "True", out.stderr
 
 

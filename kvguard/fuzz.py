@@ -169,6 +169,27 @@ def resolve(dotted: str) -> type:
     raise ValueError(f"{dotted!r} is not a dotted name 'package.module.Class'")
 
 
+def imported(dotted: str, command: str, what: str | None = None):
+    """``resolve(dotted)``, or the one-line ``kvguard COMMAND`` error that names ``what``."""
+    from .cli import UsageError
+    try:
+        return resolve(dotted)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise UsageError(f"kvguard {command}: error: cannot import {what or dotted}: "
+                         f"{exc}") from None
+
+
+def spec_option(dotted: str | None, command: str) -> AllocatorSpec | None:
+    """The ``--spec MODULE.NAME`` option of ``kvguard fuzz`` and ``kvguard replay``."""
+    if not dotted:
+        return None
+    spec = imported(dotted, command)
+    if not isinstance(spec, AllocatorSpec):
+        from .cli import UsageError
+        raise UsageError(f"kvguard {command}: error: {dotted} is not a kvguard.AllocatorSpec")
+    return spec
+
+
 def target_for(cls: type, factory: str | None = None, spec: AllocatorSpec | None = None):
     """(factory, spec, driver, make source) for ``cls``: its built-in target, overridden by an
     explicit ``factory`` expression or ``spec``."""
@@ -219,20 +240,10 @@ def fuzz_command(argv) -> int:
     args = parser.parse_args(argv)
     if args.examples is not None and args.examples < 1:
         raise UsageError("kvguard fuzz: error: --examples must be at least 1")
-    try:
-        cls = resolve(args.name)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise UsageError(f"kvguard fuzz: error: cannot import {args.name}: {exc}") from None
+    cls = imported(args.name, "fuzz")
     if not isinstance(cls, type):
         raise UsageError(f"kvguard fuzz: error: {args.name} is not a class")
-    spec = None
-    if args.spec:
-        try:
-            spec = resolve(args.spec)
-        except (ImportError, AttributeError, ValueError) as exc:
-            raise UsageError(f"kvguard fuzz: error: cannot import {args.spec}: {exc}") from None
-        if not isinstance(spec, AllocatorSpec):
-            raise UsageError(f"kvguard fuzz: error: {args.spec} is not a kvguard.AllocatorSpec")
+    spec = spec_option(args.spec, "fuzz")
     try:
         make, spec, driver, source = target_for(cls, args.factory, spec)
     except SyntaxError as exc:

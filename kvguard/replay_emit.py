@@ -90,24 +90,11 @@ def emit_command(replay, args) -> int:
     import sys
 
     from .cli import UsageError
-    from .fuzz import resolve, target_for
+    from .fuzz import imported, spec_option, target_for
     from .spec import AllocatorSpec
     name = replay.guard.get("class") or ""
-    try:
-        cls = resolve(name)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise UsageError(f"kvguard replay: error: cannot import the allocator class "
-                         f"{name or '(none recorded)'}: {exc}") from None
-    spec = None
-    if args.spec:
-        try:
-            spec = resolve(args.spec)
-        except (ImportError, AttributeError, ValueError) as exc:
-            raise UsageError(f"kvguard replay: error: cannot import {args.spec}: {exc}") \
-                from None
-        if not isinstance(spec, AllocatorSpec):
-            raise UsageError(f"kvguard replay: error: {args.spec} is not a "
-                             "kvguard.AllocatorSpec")
+    cls = imported(name, "replay", f"the allocator class {name or '(none recorded)'}")
+    spec = spec_option(args.spec, "replay")
     try:
         make, spec, driver, source = target_for(cls, args.factory, spec)
         if spec is None:

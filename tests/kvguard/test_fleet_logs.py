@@ -26,6 +26,8 @@ from kvguard.merge import load, render, since, summarize
 from kvguard.replay import build
 from kvguard.staging import FORMAT_VERSION, JsonLinesSink, StagingConfig
 
+from . import sample_records
+
 jsonschema = pytest.importorskip("jsonschema")
 
 
@@ -198,13 +200,9 @@ def test_a_released_schema_is_frozen():
 
 # --- reading ----------------------------------------------------------------------------------
 
-def violation(kind="double-free", site=("serve.py", 10, "finish"), pid=11, t=1000.0):
-    return {"kind": kind, "block_ids": [3], "message": "m", "allocator": {
-        "class": "eng.Pool", "name": "Pool#1", "address": "0x1"}, "method": "free",
-        "pool": None, "call_stack": [{"file": site[0], "line": site[1], "function": site[2]}],
-        "blocks": [], "owner": None, "history": [], "thread": "MainThread", "pid": pid,
-        "time": t, "expected": False, "extra": {},
-        "summary": f"SUMMARY: kvguard: {kind} {site[0]}:{site[1]} in {site[2]}"}
+def violation(kind="double-free", **fields):
+    """A violation record, stamped late enough for the --since tests."""
+    return sample_records.violation(kind, **{"t": 1000.0, **fields})
 
 
 GUARD = {"name": "Pool#1", "class": "eng.Pool", "address": "0x1", "mode": "log",

@@ -19,9 +19,11 @@ from kvguard import registry
 
 from . import results
 from .expect import Expectation, RaisesHook
+from .fixture import KVGuardFixture
 from .frames import hide_machinery, show_machinery, trim_violation
 from .leaks import LeakSummary
 from .markers import TestSettings, settings_for
+from .state import Record, TestState
 from .tracking import Tracker
 
 
@@ -39,37 +41,6 @@ class KVGuardLeakWarning(pytest.PytestWarning):
     """Blocks a test handed out and never freed (``--kvguard-leaks=warn``)."""
 
 
-class Record:
-    """One violation heard during a test."""
-
-    __slots__ = ("violation", "when", "mode")
-
-    def __init__(self, violation, when, mode) -> None:
-        self.violation = violation
-        self.when = when
-        self.mode = mode
-
-
-class TestState:
-    """What the manager knows about the running test."""
-
-    __test__ = False
-
-    def __init__(self, item, settings: TestSettings) -> None:
-        self.item = item
-        self.nodeid = item.nodeid
-        self.labels = (f"{item.nodeid} (setup)", item.nodeid, f"{item.nodeid} (teardown)")
-        """Owner labels of the blocks handed out in each phase; the call phase's is the bare
-        node id, which reports show and ``assert_no_leaks()`` checks."""
-        self.settings = settings
-        self.records: list[Record] = []
-        self.expectations: list[Expectation] = []
-        self.failed = False
-        self.fixture = None
-        self.marker_error = None
-        self.owners: list = []
-
-
 class Manager:
     def __init__(self, config: pytest.Config, settings) -> None:
         self.config = config
@@ -79,7 +50,6 @@ class Manager:
         self.results = results.Results()
         self.worker = getattr(config, "workerinput", {}).get("workerid")
         self._state: TestState | None = None
-        self._phase: str | None = None
         self._where = "start of the session"
         """Where a violation outside any test happened."""
         self._fixtures: list = []
@@ -134,10 +104,10 @@ class Manager:
         if self._fixtures:
             self._outside.append((self._fixtures[-1][1], violation))
             return
-        state, phase = self._state, self._phase
-        if state is not None and phase is not None:
+        state = self._state
+        if state is not None and state.phase is not None:
             if not state.settings.off:
-                state.records.append(Record(violation, phase, guard.mode))
+                state.records.append(Record(violation, state.phase, guard.mode))
             return
         self._outside.append((self._where, violation))
 
@@ -175,7 +145,7 @@ class Manager:
         state = self._state
         if state is None or state.item is not item:
             state = self._begin(item)
-        self._phase = phase
+        state.phase = phase
         owner = kvguard.owner(state.labels[label_index])
         owner.__enter__()
         state.owners.append(owner)
@@ -204,7 +174,7 @@ class Manager:
             self._end(self._state)
 
     def _end(self, state: TestState) -> None:
-        self._phase = None
+        state.phase = None
         while state.owners:
             state.owners.pop().__exit__(None, None, None)
         if state.settings.off:
@@ -326,14 +296,12 @@ class Manager:
 
     # --- the fixture -----------------------------------------------------------------------
 
-    def fixture(self, item):
-        from .fixture import KVGuardFixture
-
+    def fixture(self, item) -> KVGuardFixture:
         state = self._state
         if state is None or state.item is not item:
             raise RuntimeError("the kvguard fixture was requested outside a running test")
         if state.fixture is None:
-            state.fixture = KVGuardFixture(self, state)
+            state.fixture = KVGuardFixture(state, self._guard_options, self.tracker, self.expect)
         return state.fixture
 
     def expect(self, state: TestState, kind) -> Expectation:

@@ -23,9 +23,10 @@ from .errors import (
     StaleTableError, TensorIdError, WriteAfterFreeError,
 )
 from .guard import Guard, Stats, guard, guard_of, guards, subscribe
-from .ledger import LiveBlock, current_owner, owner
+from .ledger import LiveBlock
+from .owners import current_owner, owner
 from .registry import instrument, instrumented, register, registered, uninstrument, unregister
-from .report import Violation
+from .violation import Violation
 from .spec import AllocatorSpec
 
 __version__ = "0.1.0"

@@ -589,9 +589,9 @@ def _poison_bits(dtype, torch) -> int:
 
 def _last_owner(origin, freed) -> str:
     """" (last owner 'req-7', allocated at f.py:10, freed at g.py:20)", or "" if unknown."""
-    from .ledger import OWNERS
-    from .report import _user_frames
+    from .owners import OWNERS
     from .stacks import SITES
+    from .violation import _user_frames
 
     said = []
     label = OWNERS.labels[SITES.owner(origin)] if origin else None

@@ -33,10 +33,12 @@ from . import kinds
 from .errors import ERROR_FOR_KIND, KVGuardError, error_for
 from .fastread import ITERATORS, plain_ids
 from .ids import Fault, like, normalize, result_ids, torch_tensor_type
-from .ledger import OWNERS, Ledger, _current_owner, current_owner
-from .report import BlockHistory, Operation, Violation
+from .ledger import Ledger
+from .owners import ACTIVE_OWNER as _current_owner
+from .owners import OWNERS, current_owner
 from .spec import DEFAULT_SPEC, AllocatorSpec, per_pool, read
 from .stacks import DEPTH, SITES, raw_stack
+from .violation import BlockHistory, Operation, Violation
 
 logger = logging.getLogger("kvguard")
 

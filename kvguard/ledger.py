@@ -18,72 +18,13 @@ path changes state.
 from __future__ import annotations
 
 from array import array
-from contextvars import ContextVar
 from dataclasses import dataclass
 
+from .owners import OWNERS
 from .stacks import SITES
 
 MAX_DENSE = 1 << 28
 """Largest pool the ledger grows to without a declared ``size`` (4 GiB of columns)."""
-
-_current_owner: ContextVar = ContextVar("kvguard_owner", default=0)
-
-
-class _Owners:
-    """Interns owner labels (a request id, a test's node id) to small ints; 0 is "no owner".
-
-    Bounded: a server labelling every request would otherwise grow it forever. Past
-    ``capacity`` labels, new ones share one overflow label (reports then say so)."""
-
-    OVERFLOW = "<more owners than kvguard keeps>"
-
-    def __init__(self, capacity: int = 1 << 20) -> None:
-        self.capacity = capacity
-        self.labels: list = [None]
-        self.index: dict = {}
-
-    def intern(self, label) -> int:
-        if label is None:
-            return 0
-        try:
-            return self.index[label]
-        except KeyError:
-            if len(self.labels) > self.capacity:
-                label = self.OVERFLOW
-                if label in self.index:
-                    return self.index[label]
-            self.index[label] = n = len(self.labels)
-            self.labels.append(label)
-            return n
-        except TypeError:
-            return self.intern(repr(label))
-
-
-OWNERS = _Owners()
-
-
-class owner:
-    """``with kvguard.owner("req-7"):`` blocks handed out inside belong to "req-7".
-
-    Reports name the owner of a block, and ``Guard.live`` / leak checks can filter by it. The
-    pytest plugin sets each test's node id as the owner while it runs.
-    """
-
-    def __init__(self, label) -> None:
-        self._index = OWNERS.intern(label)
-        self._token = None
-
-    def __enter__(self):
-        self._token = _current_owner.set(self._index)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        _current_owner.reset(self._token)
-
-
-def current_owner() -> object:
-    return OWNERS.labels[_current_owner.get()]
-
 
 @dataclass(frozen=True)
 class LiveBlock:

@@ -191,7 +191,7 @@ class Replay:
 
 
 def _violation_records(path: str) -> list:
-    from .merge import load, normalized
+    from .summary import load, normalized
     records = load([path]).violations
     if records:
         return records

@@ -24,8 +24,8 @@ UNKNOWN = 0
 _KVGUARD_DIR = os.path.dirname(os.path.abspath(__file__))
 _MACHINERY = frozenset(
     os.path.join(_KVGUARD_DIR, f"{name}.py")
-    for name in ("guard", "ids", "ledger", "stacks", "report", "registry", "cache", "tables",
-                 "staging", "writes")
+    for name in ("guard", "ids", "ledger", "owners", "stacks", "violation", "registry", "cache",
+                 "tables", "staging", "writes")
 )
 _ADAPTERS_DIR = os.path.join(_KVGUARD_DIR, "adapters")
 """The engine adapters' wrappers are machinery too: a report starts at the engine's frame."""

@@ -726,7 +726,7 @@ def _exit_text(code: int) -> str:
 def _run_summary(template: str, since: float, run: str, code: int = 0) -> None:
     """One line on stderr after the command: what the processes it ran reported (only those:
     the directory may hold earlier runs' files, or one file shared by every run)."""
-    from .merge import collect_files, load, of_run, summarize
+    from .summary import collect_files, load, of_run, summarize
     if "{pid}" in template or "{host}" in template:
         where = os.path.dirname(template)
         try:

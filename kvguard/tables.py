@@ -95,7 +95,7 @@ def _owners(owners) -> str:
 
 def _state(ledger, b) -> str:
     """Why block ``b`` is not the table owner's: free, never handed out, or someone else's."""
-    from .ledger import OWNERS
+    from .owners import OWNERS
     from .stacks import SITES
 
     if not ledger.in_range(b):
@@ -111,7 +111,7 @@ def _state(ledger, b) -> str:
 # --- the mapping form ------------------------------------------------------------------------
 
 def _mapping_form(guard, ledger, tables, above):
-    from .ledger import OWNERS
+    from .owners import OWNERS
     from .stacks import SITES
 
     spec = guard.spec

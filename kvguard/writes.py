@@ -31,7 +31,7 @@ from . import kinds
 from .errors import error_for
 from .guard import _MISSING, Guard, _Param, guard_of
 from .ids import torch_tensor_type
-from .ledger import OWNERS, current_owner
+from .owners import OWNERS, current_owner
 
 
 def guard_writes(fn, guard, *, slots=None, table=None, block_size: int = 1, pad: int = -1,

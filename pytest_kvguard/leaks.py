@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import gc
 
-from kvguard.ledger import OWNERS
+from kvguard.owners import OWNERS
 
 from .tracking import leak_violation, owned_live
 

@@ -13,7 +13,7 @@ import json
 import os
 from collections import Counter
 
-from kvguard.report import Violation
+from kvguard.violation import Violation
 
 from .expect import kvguard_errors
 from .leaks import OUTSIDE_TESTS

@@ -16,9 +16,9 @@ import weakref
 import kvguard
 from kvguard import kinds
 from kvguard.guard import Guard
-from kvguard.ledger import OWNERS
-from kvguard.report import BlockHistory, Violation
+from kvguard.owners import OWNERS
 from kvguard.stacks import SITES
+from kvguard.violation import BlockHistory, Violation
 
 COUNTERS = ("alloc_calls", "free_calls", "share_calls", "blocks_allocated", "blocks_freed",
             "blocks_shared", "internal_errors")

@@ -20,7 +20,7 @@ import inspect
 from ..guard import _MISSING, _one_shot, engine_method
 from ..errors import error_for
 from ..ids import normalize
-from ..ledger import _current_owner
+from ..owners import ACTIVE_OWNER as _current_owner
 from ..spec import per_pool, read
 from ..stacks import SITES
 

@@ -22,9 +22,9 @@ from kvguard.examples import (
     LINKED_FREE_LIST_SPEC, REFCOUNTED_POOL_SPEC, LinkedFreeList, RefcountedPool,
 )
 from kvguard.logfiles import collect_files, parse_since, rotation_set
-from kvguard.merge import load, render, since, summarize
 from kvguard.replay import build
 from kvguard.staging import FORMAT_VERSION, JsonLinesSink, StagingConfig
+from kvguard.summary import load, render, since, summarize
 
 from . import sample_records
 

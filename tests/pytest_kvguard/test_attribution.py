@@ -379,7 +379,7 @@ def test_a_violation_in_another_thread_belongs_to_the_running_test(suite):
 def test_a_broken_report_never_crashes_the_session(suite):
     write(suite, """
         from kvguard.examples import LinkedFreeList
-        from kvguard.report import Violation
+        from kvguard.violation import Violation
 
         def test_patched(monkeypatch):
             def broken(self):

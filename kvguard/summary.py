@@ -295,7 +295,7 @@ def summarize(records: Records, top: int = 10) -> dict:
 def render(summary: dict) -> str:
     """The summary as text: totals, per kind, per allocator, top call sites, then the first
     report of each kind in full."""
-    from .report import Violation
+    from .violation import Violation
     n = summary["violations"]
     procs = summary["processes"]
     bad = sum(1 for p in procs if p["violations"])

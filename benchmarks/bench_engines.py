@@ -10,7 +10,7 @@ on arrival, a block every 16 tokens, frees at the end, and for refcounted pools 
 (a new sequence takes a reference to a running one's first blocks). Rows:
 
 - vLLM 0.33.0 ``BlockPool`` (block objects, refcounted, ``touch`` on every prefix hit), its own
-  code loaded from the wheel in KVGUARD_ENGINE_CACHE as tests/adapters do; target <= 2.0x.
+  code loaded from the wheel in KVGUARD_ENGINE_CACHE as tests/kvguard/adapters do; target <= 2.0x.
 - DeepSpeed 0.19.8 ``BlockedAllocator`` (its own code, int32 tensors); target <= 1.1x.
 - SGLang 0.5.23 ``TokenToKVPoolAllocator`` (its own code, int64 tensors in and out).
 - a numpy refcounted pool written here (numpy arrays of ids, refcounts in numpy); <= 1.5x.
@@ -337,10 +337,11 @@ def floor(rounds: int, calls: int = 20000) -> None:
 
 @contextlib.contextmanager
 def engine(name: str):
-    """The engine's allocator modules as tests/adapters load them, or None (not downloaded)."""
+    """The engine's allocator modules as tests/kvguard/adapters load them, or None (not
+    downloaded)."""
     import pytest
 
-    from tests.adapters import engines
+    from tests.kvguard.adapters import engines
     try:
         with engines.loaded(name) as ns:
             yield ns

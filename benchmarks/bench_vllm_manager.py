@@ -5,7 +5,7 @@
 vLLM 0.33.0's ``FullAttentionManager`` (with its base ``SingleTypeKVCacheManager``, from
 ``vllm/v1/core/single_type_kv_cache_manager.py``) over its real ``BlockPool`` and
 ``KVCacheBlock`` (``block_pool.py``, ``kv_cache_utils.py``), all executed from the wheel in
-KVGUARD_ENGINE_CACHE the way tests/adapters load engine code. The rest of that file (sliding
+KVGUARD_ENGINE_CACHE the way tests/kvguard/adapters load engine code. The rest of that file (sliding
 window, Mamba, hybrid managers) and the coordinator / ``KVCacheManager`` above it import vLLM's
 config system, attention backends, request and metrics types, which cannot load without
 installing vLLM and its dependencies: the schedule below plays the coordinator's part, calling
@@ -166,7 +166,7 @@ def main() -> int:
     args = parser.parse_args()
     import pytest
 
-    from tests.adapters import engines
+    from tests.kvguard.adapters import engines
     try:
         package = engines.archive("vllm")
     except pytest.skip.Exception as skip:

@@ -91,8 +91,9 @@ ALL = [b for page in pages() for b in blocks(page)]
 
 def deepspeed_tree(tmp: Path) -> Path:
     """A package tree holding DeepSpeed 0.19.8's real ``blocked_allocator.py`` (read out of the
-    engine download, as tests/adapters do) under its real dotted name, empty parents above it."""
-    from tests.adapters.engines import archive, source
+    engine download, as tests/kvguard/adapters do) under its real dotted name, empty parents
+    above it."""
+    from tests.kvguard.adapters.engines import archive, source
     allocator = source(archive("deepspeed"), "deepspeed/inference/v2/ragged/blocked_allocator.py")
     root = tmp / "_engines"
     package = root / "deepspeed" / "inference" / "v2" / "ragged"

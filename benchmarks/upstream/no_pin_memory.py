@@ -1,6 +1,6 @@
 """``-p no_pin_memory``: DeepSpeed's ``BlockedAllocator`` builds its free list with
 ``torch.arange(..., pin_memory=True)``, which CPU-only torch refuses; without a GPU the flag is
-dropped, as the project's own tests do (``tests/adapters/engines.py``, ``NoPinTorch``)."""
+dropped, as the project's own tests do (``tests/kvguard/adapters/engines.py``, ``NoPinTorch``)."""
 
 import torch
 

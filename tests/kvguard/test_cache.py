@@ -211,7 +211,7 @@ def test_layout_whose_blocks_cannot_be_viewed_flat():
 
 
 def test_deepspeed_blocked_kv_cache_layout():
-    from tests.adapters import engines
+    from tests.kvguard.adapters import engines
 
     with engines.loaded("deepspeed") as ds:  # its real blocked_allocator.py, from the sdist
         allocator = ds.BlockedAllocator(n := 12)

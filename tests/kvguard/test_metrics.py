@@ -375,7 +375,7 @@ def test_multiprocess_mode_a_forked_child_adds_only_its_own_calls(tmp_path, stag
 def test_vllms_own_block_pool_by_its_method_names():
     """vLLM 0.33.0's BlockPool, loaded from the wheel in the engine cache: calls are labelled by
     the pool's own methods, and the blocks it holds (and shares) are the ledger's."""
-    from tests.adapters import engines
+    from tests.kvguard.adapters import engines
     with engines.loaded("vllm") as vllm:
         class MetricsBlockPool(vllm.BlockPool):
             """vLLM's pool under a name no other test's guard has (its spec: the built-in)."""

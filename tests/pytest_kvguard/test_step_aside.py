@@ -4,14 +4,14 @@ call reaches the allocator, so the engine's own defence is what the test sees.
 
 The suites here mirror SGLang's ``test/registered/unit/mem_cache/test_allocator_cpu.py``
 (``TestPagedAllocatorDebugModeCPU``, newer than the 0.5.23 wheel), on the real paged allocator
-of the wheel loaded as ``tests/adapters`` loads it; they import nothing of kvguard.
+of the wheel loaded as ``tests/kvguard/adapters`` loads it; they import nothing of kvguard.
 """
 
 import pytest
 import torch  # noqa: F401  (loaded once here: a pytester run drops what it imported, and torch
 #                          cannot be imported twice in one process)
 
-from tests.adapters import engines
+from tests.kvguard.adapters import engines
 
 from .conftest import write
 
@@ -23,7 +23,7 @@ LOADER = """
     import pytest
     import torch
 
-    from tests.adapters import engines
+    from tests.kvguard.adapters import engines
 
     def setUpModule():
         global loaded, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator

@@ -106,7 +106,7 @@ DOC_TABLES = {
 
 def method_table(title):
     """``{method name: guarded column}`` of one per-engine table in docs/engines.md."""
-    text = (Path(__file__).resolve().parents[2] / "docs" / "engines.md").read_text()
+    text = (Path(__file__).resolve().parents[3] / "docs" / "engines.md").read_text()
     section = text.split(f"### {title}\n", 1)[1].split("\n#", 1)[0]
     rows = {}
     for line in section.splitlines():

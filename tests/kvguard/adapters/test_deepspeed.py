@@ -3,7 +3,7 @@
 ``blocked_allocator.py``, ``kv_cache.py``, ``sequence_descriptor.py``, ``inference_utils.py`` and
 ``ragged_manager.py`` run as shipped. The constructor's ``torch.arange(..., pin_memory=True)``
 needs an accelerator, so ``BlockedAllocator`` sees a ``torch`` whose ``arange`` drops that flag on
-CPU (tests/adapters/engines.py); the communication, accelerator, config and C++ op-builder
+CPU (tests/kvguard/adapters/engines.py); the communication, accelerator, config and C++ op-builder
 imports of the other files are stand-ins with the members they use.
 """
 

@@ -12,9 +12,8 @@ import sys
 import libcst as cst
 
 from . import analysis, depth, positions, slicing
-from .cstutil import source_of
 from .prefilter import prefilter_for
-from .rules import RULES
+from .rules import HOOKS
 
 MAX_SOURCE = 20_000_000  # characters; bigger files are generated data, not code
 
@@ -54,26 +53,6 @@ class _Raw:
         self.message = message
         self.fix = fix
         self.related = related
-
-
-class Context(analysis.Analysis):
-    """The analysis as the rules see it: inference plus reporting."""
-
-    def __init__(self, module, config, index):
-        self.raw = []
-        super().__init__(module, config, index, RULES, self._report)
-
-    def _report(self, code, node, message, fix=None, related=None):
-        self.raw.append(_Raw(code, node, message, fix, related))
-
-    def short(self, node):
-        text = source_of(node).strip()
-        if len(text) > 40 or "\n" in text:
-            return "ids"
-        return text
-
-    def builtin_available(self, name, scope):
-        return name not in self.imports and name not in self.shadowed and scope.lookup(name) is None
 
 
 def parse(source, *, scanned=False):
@@ -135,9 +114,12 @@ def analyze(module, config, index, source=None):
 
 
 def _analyze(module, config, index):
-    context = Context(module, config, index)
-    context.run()
-    raw = context.raw
+    raw = []
+
+    def report(code, node, message, fix=None, related=None):
+        raw.append(_Raw(code, node, message, fix, related))
+
+    analysis.Analysis(module, config, index, HOOKS, report).run()
     if not raw:
         return []
     nodes = [r.node for r in raw] + [r.related for r in raw if r.related is not None]

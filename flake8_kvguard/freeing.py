@@ -1,9 +1,11 @@
-"""What a free-like method does with the ids it is given (KVG203, KVG204).
+"""What a free-like method does with the ids it is given (KVG201-KVG204).
 
 A free corrupts an allocator on a repeated id when it changes state once per
 occurrence, or for the whole array at once, and nothing rejects the repeat first.
 This module reads one method body and names those changes:
 
+- collection names: the parameter and the names that only re-wrap it
+  (`blocks = [blocks]`, `ids = list(blocks)`), and loops that iterate one of them;
 - aliases: the parameter and every name that holds it or a selection of it
   (`freed = blocks`, `freed = blocks[ref == 0]`, `ids = list(blocks)`);
 - per-occurrence changes in a loop over the ids: a refcount decremented on the item
@@ -291,3 +293,43 @@ def class_methods(class_info) -> dict:
         if type(stmt) is cst.FunctionDef:
             found[stmt.name.value] = stmt
     return found
+
+
+def iterates(node, names):
+    """`for x in P`, `for x in list(P)`, `for i, x in enumerate(P)` over one of names."""
+    if type(node) is cst.Name:
+        return node.value in names
+    if (
+        type(node) is cst.Call
+        and type(node.func) is cst.Name
+        and node.func.value in ("list", "tuple", "enumerate", "sorted")
+    ):
+        return bool(node.args) and iterates(node.args[0].value, names)
+    return False
+
+
+def collection_names(function, param):
+    """The parameter and the names that only re-wrap it (`blocks = [blocks]`)."""
+    names = {param}
+    for node in walk(function.body):
+        if (
+            type(node) is cst.Assign
+            and len(node.targets) == 1
+            and type(node.targets[0].target) is cst.Name
+        ):
+            value = node.value
+            wraps = False
+            if type(value) is cst.Name:
+                wraps = value.value in names  # an alias: freed = blocks
+            elif type(value) in (cst.List, cst.Tuple) and len(value.elements) == 1:
+                element = value.elements[0].value
+                wraps = type(element) is cst.Name and element.value in names
+            elif iterates(value, names):
+                wraps = True
+            elif type(value) in (cst.ListComp, cst.GeneratorExp) and iterates(
+                value.for_in.iter, names
+            ):
+                wraps = value.for_in.inner_for_in is None  # [operator.index(b) for b in blocks]
+            if wraps:
+                names.add(node.targets[0].target.value)
+    return names

@@ -45,7 +45,7 @@ def _after(text: str, start: int, dot_ok: bool) -> bool:
     return before not in _WORD_CHARS and (dot_ok or before != ".")
 
 
-def _has_container(text: str) -> bool:
+def has_container(text: str) -> bool:
     for match in _CONTAINERS.finditer(text):
         start = match.start()
         word = match.group()
@@ -84,7 +84,7 @@ class Prefilter:
         return False
 
     def has_tensor_hashing(self, text: str, index) -> bool:
-        if not _has_container(text):
+        if not has_container(text):
             return False
         if _TENSOR_WORDS.search(text):
             return True

@@ -19,7 +19,7 @@ from __future__ import annotations
 import ast
 import re
 
-from .prefilter import _has_container
+from .prefilter import has_container
 
 # Builtins the analysis gives a meaning; a module-level def or class of that name
 # changes what a call means everywhere in the file.
@@ -56,7 +56,7 @@ def reduce(text: str, tree=None):
         end = getattr(node, "end_lineno", None)
         if end is None or start < 1 or end > len(lines):
             return None
-        has_marker = _has_container("".join(lines[start - 1 : end]))
+        has_marker = has_container("".join(lines[start - 1 : end]))
         if not isinstance(node, _SCOPES):
             if has_marker:
                 return None

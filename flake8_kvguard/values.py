@@ -124,3 +124,12 @@ def sequence_of(items, dup=None) -> Val:
             if item.kind == kind:
                 return Val(SEQUENCE, item=item, dup=dup)
     return Val(SEQUENCE, item=join(items), dup=dup)
+
+
+def is_container(val: Val) -> bool:
+    """A set or dict the checker saw being made by a call or a comprehension.
+
+    Literal displays (`{}`), annotations (`Dict[int, X]`) and `.keys()` views do
+    not count: every file has them, and counting them would make the textual
+    pre-filter parse most files that mention torch (see prefilter.py)."""
+    return val.kind in (SET, DICT) and val.note not in ("display", "annotation", "keys")

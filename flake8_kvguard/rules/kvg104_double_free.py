@@ -9,7 +9,9 @@ rebinds frees them again on its next pass.
 
 import libcst as cst
 
-from ..cstutil import children, names_in, root_name, source_of, walk_all
+from ..analysis.paths import PathWalker, inside_loop
+from ..analysis.syntax import block_body
+from ..cstutil import names_in, root_name, source_of, walk_all
 
 CODE = "KVG104"
 SUMMARY = "the same ids freed twice on one path of a function"
@@ -71,7 +73,6 @@ _OPAQUE = (
     cst.DictComp,
     cst.GeneratorExp,
 )
-_NESTED = (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
 
 
 class _Key:
@@ -93,11 +94,7 @@ def _unwrapped(node, ctx, scope):
     then `free(ids)` frees the same ids twice: a KVG101 fix must not hide this."""
     while type(node) is cst.Call:
         func = node.func
-        if (
-            type(func) is cst.Attribute
-            and func.attr.value == "tolist"
-            and not node.args
-        ):
+        if type(func) is cst.Attribute and func.attr.value == "tolist" and not node.args:
             node = func.value
             continue
         positional = [arg for arg in node.args if arg.keyword is None]
@@ -140,245 +137,24 @@ def _key(free, ctx):
     return _Key(free, text, names_in(call.func) | id_names, id_names)
 
 
-def _block(suite):
-    if type(suite) is cst.SimpleStatementSuite:
-        return [cst.SimpleStatementLine(body=suite.body)]
-    return suite.body
-
-
-class _Outcome:
-    __slots__ = ("fall", "breaks", "continues")
-
-    def __init__(self):
-        self.fall = None
-        self.breaks = []
-        self.continues = []
-
-
-def _merge(*states):
-    merged = None
-    for state in states:
-        if state is None:
-            continue
-        if merged is None:
-            merged = dict(state)
-        else:
-            for text, first in state.items():
-                merged.setdefault(text, first)
-    return merged
-
-
-def _reset(state, names):
-    if state is None or not names:
-        return state
-    return {text: first for text, first in state.items() if not (first[1].names & names)}
-
-
-class _Paths:
-    """Walks the statements of one function along its paths."""
+class _DoubleFrees:
+    """The flow of KVG104 for `PathWalker`: the state maps each free already made on
+    the path ("the same ids freed by the same callee", as text) to (call, _Key)."""
 
     def __init__(self, keys, ctx):
         self.keys = keys  # id(call) -> _Key
         self.ctx = ctx
         self.reported = set()
-        # Inside a loop's second pass, nested loops are walked once: their own
-        # repeats were found on the first pass, and walking each level twice would
-        # cost 2**depth.
-        self.single_pass = 0
 
-    def block(self, statements, state):
-        outcome = _Outcome()
-        for stmt in statements:
-            if state is None:
-                break
-            state = self.statement(stmt, state, outcome)
-        outcome.fall = state
-        return outcome
+    def merge(self, states):
+        merged = dict(states[0])
+        for state in states[1:]:
+            for text, first in state.items():
+                merged.setdefault(text, first)
+        return merged
 
-    def statement(self, stmt, state, outcome):
-        kind = type(stmt)
-        if kind is cst.SimpleStatementLine:
-            for small in stmt.body:
-                state = self.small(small, state, outcome)
-                if state is None:
-                    return None
-            return state
-        if kind is cst.If:
-            ends = []
-            while True:  # an elif chain, without recursing once per elif
-                state = self.expression(stmt.test, state)
-                taken = self.block(_block(stmt.body), state)
-                ends.append(taken.fall)
-                outcome.breaks += taken.breaks
-                outcome.continues += taken.continues
-                orelse = stmt.orelse
-                if type(orelse) is cst.If:
-                    stmt = orelse
-                    continue
-                if orelse is None:
-                    ends.append(state)
-                else:
-                    other = self.block(_block(orelse.body), state)
-                    ends.append(other.fall)
-                    outcome.breaks += other.breaks
-                    outcome.continues += other.continues
-                return _merge(*ends)
-        if kind in (cst.For, cst.While):
-            return self.loop(stmt, state, outcome)
-        if kind in (cst.Try, cst.TryStar):
-            body = self.block(_block(stmt.body), state)
-            ends = []
-            for handler in stmt.handlers:
-                names = set()
-                if handler.name is not None:
-                    names = names_in(handler.name.name)
-                handled = self.block(_block(handler.body), _reset(state, names))
-                ends.append(handled.fall)
-                outcome.breaks += handled.breaks
-                outcome.continues += handled.continues
-            after_body = body.fall
-            if stmt.orelse is not None and after_body is not None:
-                orelse = self.block(_block(stmt.orelse.body), after_body)
-                after_body = orelse.fall
-                outcome.breaks += orelse.breaks
-                outcome.continues += orelse.continues
-            outcome.breaks += body.breaks
-            outcome.continues += body.continues
-            merged = _merge(after_body, *ends)
-            if stmt.finalbody is not None:
-                start = merged if merged is not None else state
-                final = self.block(_block(stmt.finalbody.body), start)
-                outcome.breaks += final.breaks
-                outcome.continues += final.continues
-                return final.fall if merged is not None else None
-            return merged
-        if kind is cst.With:
-            for item in stmt.items:
-                state = self.expression(item.item, state)
-                if item.asname is not None:
-                    state = _reset(state, names_in(item.asname.name))
-            inner = self.block(_block(stmt.body), state)
-            outcome.breaks += inner.breaks
-            outcome.continues += inner.continues
-            return inner.fall
-        if kind is cst.Match:
-            state = self.expression(stmt.subject, state)
-            ends = []
-            for case in stmt.cases:
-                case_state = _reset(state, names_in(case.pattern))
-                inner = self.block(_block(case.body), case_state)
-                outcome.breaks += inner.breaks
-                outcome.continues += inner.continues
-                ends.append(inner.fall)
-            return _merge(state, *ends)
-        if kind in (cst.FunctionDef, cst.ClassDef):
-            return _reset(state, {stmt.name.value})
-        for child in children(stmt):
-            if isinstance(child, cst.BaseExpression):
-                state = self.expression(child, state)
-        return state
-
-    def loop(self, stmt, state, outcome):
-        targets = set()
-        if type(stmt) is cst.For:
-            state = self.expression(stmt.iter, state)
-            targets = names_in(stmt.target)
-        else:
-            state = self.expression(stmt.test, state)
-        entry = _reset(state, targets)
-        first = self.block(_block(stmt.body), dict(entry))
-        back = _merge(first.fall, *first.continues)
-        exits = [entry, back] + first.breaks
-        if back is not None and not self.single_pass:
-            again = _reset(_merge(entry, back), targets)
-            if type(stmt) is cst.While:
-                again = self.expression(stmt.test, again)
-            self.single_pass += 1
-            try:
-                second = self.block(_block(stmt.body), again)
-            finally:
-                self.single_pass -= 1
-            exits += [second.fall] + second.continues + second.breaks
-        normal_exit = _merge(*exits[:2])
-        if stmt.orelse is not None:
-            orelse = self.block(_block(stmt.orelse.body), normal_exit)
-            outcome.breaks += orelse.breaks
-            outcome.continues += orelse.continues
-            return _merge(orelse.fall, *exits[2:])
-        return _merge(*exits)
-
-    def small(self, small, state, outcome):
-        kind = type(small)
-        if kind is cst.Return or kind is cst.Raise:
-            for child in children(small):
-                state = self.expression(child, state)
-            return None
-        if kind is cst.Break:
-            outcome.breaks.append(state)
-            return None
-        if kind is cst.Continue:
-            outcome.continues.append(state)
-            return None
-        if kind is cst.Assign:
-            state = self.expression(small.value, state)
-            for target in small.targets:
-                state = self.store(target.target, state)
-            return state
-        if kind is cst.AnnAssign:
-            if small.value is not None:
-                state = self.expression(small.value, state)
-                state = self.store(small.target, state)
-            return state
-        if kind is cst.AugAssign:
-            state = self.expression(small.value, state)
-            return self.store(small.target, state)
-        if kind is cst.Del:
-            return self.store(small.target, state)
-        if kind in (cst.Import, cst.ImportFrom):
-            names = set()
-            if not isinstance(small.names, cst.ImportStar):
-                for alias in small.names:
-                    bound = alias.asname.name if alias.asname is not None else alias.name
-                    names |= names_in(bound)
-            return _reset(state, names)
-        for child in children(small):
-            if isinstance(child, cst.BaseExpression):
-                state = self.expression(child, state)
-        return state
-
-    def store(self, target, state):
-        kind = type(target)
-        if kind in (cst.Tuple, cst.List):
-            for element in target.elements:
-                state = self.store(element.value, state)
-            return state
-        if kind is cst.StarredElement:
-            return self.store(target.value, state)
-        if kind is not cst.Name:
-            state = self.expression(target, state)
-        root = root_name(target)
-        return _reset(state, {root} if root else set())
-
-    def expression(self, node, state):
-        """Apply the calls of an expression in evaluation order (arguments first)."""
-        if state is None:
-            return None
-        stack = [(node, False, False)]
-        while stack:
-            current, done, nested = stack.pop()
-            kind = type(current)
-            if done:
-                if kind is cst.Call:
-                    state = self.call(current, state, nested)
-                elif kind is cst.NamedExpr:
-                    state = _reset(state, names_in(current.target))
-                continue
-            if kind in (cst.Call, cst.NamedExpr):
-                stack.append((current, True, nested))
-            inner = nested or isinstance(current, _NESTED)
-            for child in reversed(children(current)):
-                stack.append((child, False, inner))
-        return state
+    def rebind(self, state, names):
+        return {text: first for text, first in state.items() if not (first[1].names & names)}
 
     def call(self, call, state, nested):
         key = self.keys.get(id(call))
@@ -430,22 +206,7 @@ def check_function(node, free_calls, ctx):
             keys[id(free.call)] = key
     if not keys:
         return
-    if len(keys) == 1 and not _inside_loop(node, next(iter(keys.values())).free.call):
+    if len(keys) == 1 and not inside_loop(node, next(iter(keys.values())).free.call):
         return
-    body = node.body if type(node) is cst.Module else _block(node.body)
-    _Paths(keys, ctx).block(body, {})
-
-
-def _inside_loop(function, call):
-    """Whether a call sits in a loop of the function (cheap check before the walk)."""
-    stack = [(function, False)]
-    while stack:
-        current, in_loop = stack.pop()
-        if current is call:
-            return in_loop
-        if current is not function and type(current) in (cst.FunctionDef, cst.ClassDef, cst.Lambda):
-            continue
-        looping = in_loop or type(current) in (cst.For, cst.While)
-        for child in children(current):
-            stack.append((child, looping))
-    return False
+    body = node.body if type(node) is cst.Module else block_body(node.body)
+    PathWalker(_DoubleFrees(keys, ctx)).block(body, {})

@@ -5,6 +5,11 @@ keeps every element, two equal ids are two dict keys, and `t[i] in seen` is Fals
 for a `seen` full of ints. Convert to Python ints first.
 """
 
+import libcst as cst
+
+from ..cstutil import dotted_name, method_call, positional_args, walk_all
+from ..values import DICT, ELEMENT, SET, TENSOR, elements, is_container
+
 CODE = "KVG105"
 SUMMARY = "de-duplication or membership by tensor identity: set(tensor), dict keys, in"
 MESSAGE = (
@@ -65,6 +70,123 @@ def still_used(block_ids: torch.Tensor, freed: list) -> list:
 """,
 ]
 
+HASHING_BUILTINS = {"set": "set()", "frozenset": "frozenset()"}
+HASHING_CALLS = {
+    "collections.Counter": "Counter()",
+    "Counter": "Counter()",
+    "dict.fromkeys": "dict.fromkeys()",
+    "collections.OrderedDict.fromkeys": "OrderedDict.fromkeys()",
+    "OrderedDict.fromkeys": "OrderedDict.fromkeys()",
+}
+SET_KEYED = frozenset(("add", "discard", "remove"))
+DICT_KEYED = frozenset(("setdefault", "get", "pop"))
 
-def check_hash_use(use, ctx):
-    ctx.report(CODE, use.node, MESSAGE.format(what=use.what), fix=use.fix)
+
+def _report(ctx, node, what, fix=None):
+    ctx.report(CODE, node, MESSAGE.format(what=what), fix=fix)
+
+
+def check_call(call, scope, ctx):
+    """`seen.add(t[i])`, `d.get(t[i])`, `set(t)`, `Counter(t)`, `dict.fromkeys(t)`."""
+    func = call.func
+    args = positional_args(call)
+    if type(func) is cst.Attribute and args:
+        name = func.attr.value
+        if name in SET_KEYED or name in DICT_KEYED:
+            container = ctx.infer(func.value, scope)
+            wanted = SET if name in SET_KEYED else DICT
+            if container.kind == wanted and is_container(container):
+                val = ctx.infer(args[0].value, scope)
+                if val.kind == ELEMENT:
+                    kind = "set" if container.kind == SET else "dict"
+                    _report(ctx, call, f"{name}() on a {kind}")
+    dotted = dotted_name(func)
+    if dotted is None:
+        return
+    if type(func) is cst.Name and dotted in HASHING_BUILTINS and ctx.builtin_available(dotted):
+        what = HASHING_BUILTINS[dotted]
+    else:
+        what = HASHING_CALLS.get(ctx.canonical(dotted))
+        if what is None:
+            return
+    if not args:
+        return
+    operand = args[0].value
+    val = ctx.infer(operand, scope)
+    if elements(val).kind != ELEMENT:
+        return
+    fix = None
+    replacement = _tolist_of(operand, val, scope, ctx)
+    if replacement is not None:
+        fix = (operand, replacement)
+    _report(ctx, call, what, fix)
+
+
+def check_comparison(node, scope, ctx):
+    """`t[i] in seen` for a set or dict the code made."""
+    left = node.left
+    for target in node.comparisons:
+        if type(target.operator) in (cst.In, cst.NotIn):
+            container = ctx.infer(target.comparator, scope)
+            if is_container(container):
+                val = ctx.infer(left, scope)
+                if val.kind == ELEMENT:
+                    _report(ctx, node, f"membership test in a {container.kind}")
+        left = target.comparator
+
+
+def check_subscript(node, scope, ctx):
+    """`d[t[i]]`, read or stored, for a dict the code made."""
+    if len(node.slice) != 1 or type(node.slice[0].slice) is not cst.Index:
+        return
+    container = ctx.infer(node.value, scope)
+    if container.kind == DICT and is_container(container):
+        key = node.slice[0].slice.value
+        val = ctx.infer(key, scope)
+        if val.kind == ELEMENT:
+            _report(ctx, node, "a dict key")
+
+
+def check_comprehension(node, scope, ctx):
+    """`{b for b in t}` and `{b: ... for b in t}`; `scope` has the targets bound."""
+    key = node.key if type(node) is cst.DictComp else node.elt
+    val = ctx.infer(key, scope)
+    if val.kind == ELEMENT:
+        what = "a set comprehension" if type(node) is cst.SetComp else "dict comprehension keys"
+        _report(ctx, node, what, _comprehension_fix(node, key, scope, ctx))
+
+
+def _tolist_of(operand, val, scope, ctx):
+    """`t.tolist()` for an operand that is a definite tensor, or `list(t)` of one."""
+    if val.kind in (TENSOR, ELEMENT) and not val.optional:
+        return method_call(operand, "tolist")
+    if (
+        type(operand) is cst.Call
+        and type(operand.func) is cst.Name
+        and operand.func.value in ("list", "tuple")
+        and ctx.builtin_available(operand.func.value)
+        and len(operand.args) == 1
+        and operand.args[0].keyword is None
+        and not operand.args[0].star
+    ):
+        inner = operand.args[0].value
+        inner_val = ctx.infer(inner, scope)
+        if inner_val.kind == TENSOR and not inner_val.optional:
+            return method_call(inner, "tolist")
+    return None
+
+
+def _comprehension_fix(node, key, scope, ctx):
+    for_in = node.for_in
+    if for_in.inner_for_in is not None or for_in.ifs or type(key) is not cst.Name:
+        return None
+    target = for_in.target
+    if type(target) is not cst.Name or target.value != key.value:
+        return None
+    uses = sum(1 for n in walk_all(node) if type(n) is cst.Name and n.value == key.value)
+    if uses != 2:  # the target and the key: the element is used for nothing else
+        return None
+    iter_val = ctx.infer(for_in.iter, scope.parent or scope)
+    if iter_val.kind != TENSOR or iter_val.optional:
+        return None
+    return (for_in.iter, method_call(for_in.iter, "tolist"))

@@ -10,6 +10,7 @@ call too.
 import libcst as cst
 
 from ..cstutil import dotted_name, root_name, walk
+from ..freeing import collection_names, iterates
 
 CODE = "KVG201"
 SUMMARY = "free-like method validates ids one by one but never rejects duplicates"
@@ -73,50 +74,10 @@ _MUTATORS = frozenset(
 _CHECKS = (cst.Raise, cst.Assert)
 
 
-def _iterates(node, names):
-    """`for x in P`, `for x in list(P)`, `for i, x in enumerate(P)` over one of names."""
-    if type(node) is cst.Name:
-        return node.value in names
-    if (
-        type(node) is cst.Call
-        and type(node.func) is cst.Name
-        and node.func.value in ("list", "tuple", "enumerate", "sorted")
-    ):
-        return bool(node.args) and _iterates(node.args[0].value, names)
-    return False
-
-
-def collection_names(function, param):
-    """The parameter and the names that only re-wrap it (`blocks = [blocks]`)."""
-    names = {param}
-    for node in walk(function.body):
-        if (
-            type(node) is cst.Assign
-            and len(node.targets) == 1
-            and type(node.targets[0].target) is cst.Name
-        ):
-            value = node.value
-            wraps = False
-            if type(value) is cst.Name:
-                wraps = value.value in names  # an alias: freed = blocks
-            elif type(value) in (cst.List, cst.Tuple) and len(value.elements) == 1:
-                element = value.elements[0].value
-                wraps = type(element) is cst.Name and element.value in names
-            elif _iterates(value, names):
-                wraps = True
-            elif type(value) in (cst.ListComp, cst.GeneratorExp) and _iterates(
-                value.for_in.iter, names
-            ):
-                wraps = value.for_in.inner_for_in is None  # [operator.index(b) for b in blocks]
-            if wraps:
-                names.add(node.targets[0].target.value)
-    return names
-
-
 def _validation_loops(function, names):
     loops = []
     for node in walk(function.body):
-        if type(node) is cst.For and _iterates(node.iter, names):
+        if type(node) is cst.For and iterates(node.iter, names):
             if any(type(inner) in _CHECKS for inner in walk(node.body)):
                 loops.append(node)
         elif type(node) in (cst.Assert, cst.If):
@@ -131,7 +92,7 @@ def _validation_loops(function, names):
 
 def _validates_each(test, names):
     for node in walk(test):
-        if type(node) in (cst.GeneratorExp, cst.ListComp) and _iterates(node.for_in.iter, names):
+        if type(node) in (cst.GeneratorExp, cst.ListComp) and iterates(node.for_in.iter, names):
             return True
     return False
 

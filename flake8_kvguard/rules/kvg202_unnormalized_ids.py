@@ -9,7 +9,7 @@ Normalize each id once at the top of free(): reject bools, then operator.index()
 import libcst as cst
 
 from ..cstutil import dotted_name, root_name, walk
-from .kvg201_no_duplicate_check import _iterates, collection_names
+from ..freeing import collection_names, iterates
 
 CODE = "KVG202"
 SUMMARY = "free-like method indexes or stores state with ids it did not normalize to int"
@@ -80,7 +80,7 @@ def check_free_method(method, ctx):
     for node in walk(function.body):
         kind = type(node)
         if kind is cst.For:
-            if _iterates(node.iter, collections):
+            if iterates(node.iter, collections):
                 target = node.target
                 if type(target) in (cst.Tuple, cst.List) and len(target.elements) == 2:
                     target = target.elements[1].value  # enumerate(P)

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from flake8_kvguard import config, engine, index
-from flake8_kvguard.prefilter import Prefilter, _has_container
+from flake8_kvguard.prefilter import Prefilter, has_container
 
 from .helpers import FIXTURES, REPO
 
@@ -50,7 +50,7 @@ def test_free_calls(text, wanted):
     ],
 )
 def test_containers(text, wanted):
-    assert _has_container(text) is wanted
+    assert has_container(text) is wanted
 
 
 def test_configured_names_extend_the_filter():

@@ -75,7 +75,7 @@ def guard_cache(cache, guard, *, block_dim: int = 0, pool=None, quarantine: int 
         raise ValueError("quarantine needs a non-refcounted pool: a refcounted allocator must "
                          "see every reference drop (its freed blocks stay revivable)")
     named = _named_tensors(cache, name, torch)
-    with g._lock:
+    with g.lock:
         watcher = _WATCHERS.get(g)
         taken = watcher.names() if watcher is not None else set()
         size = g.ledger(pool).size
@@ -216,7 +216,7 @@ class CacheGuard:
         if guard is None:
             return []
         found = []
-        with guard._lock:
+        with guard.lock:
             for key, state in list(self._pools.items()):
                 if pool is not None and key != pool:
                     continue
@@ -227,15 +227,10 @@ class CacheGuard:
                 if changed:
                     self._mark(state, sorted(changed))
                     kind, ids, message, extra = self._finding(state, changed)
-                    ledger = guard.ledger(key)
-                    v = guard._violation(kind, ids, message, "verify", key, ledger, ids)
+                    v = guard.violation(kind, ids, message, "verify", key)
                     v.extra.update(extra)
                     found.append(v)
-            for v in found:
-                guard._record(v)
-        if found and guard.mode == "raise":
-            from .errors import error_for
-            raise error_for(found[0])
+            guard.settle(found)  # raises in raise mode
         return found
 
     # --- internals ---------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import operator
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 
 from . import kinds
@@ -77,14 +78,15 @@ def fast_ids(value):
 
 
 def normalize(value, *, tensor_ok=False, id_attr=None, skip=None, iterator_ok=False,
-              consume=False, what="free()") -> Normalized:
+              consume=False, distinct=True, what="free()") -> Normalized:
     """Read ``value`` as block ids; never raises, reports faults instead.
 
     A one-shot iterator is a ``consumed-iterable`` fault unless ``iterator_ok`` (the allocator
     copies its argument first). It is drained only with ``iterator_ok`` or ``consume`` (repair
     mode forwards the drained list); otherwise the caller's iterator is left untouched.
     A value whose ids cannot be read at all (a ``meta`` tensor has no values; an ``__index__``
-    that raises) is ``invalid-id``, whatever its reading raised.
+    that raises) is ``invalid-id``, whatever its reading raised. With ``distinct`` (ids given
+    back: each block once), an id given twice is ``duplicate-id``.
     """
     try:
         out = _normalize(value, tensor_ok, id_attr, skip, iterator_ok, consume, what)
@@ -92,7 +94,22 @@ def normalize(value, *, tensor_ok=False, id_attr=None, skip=None, iterator_ok=Fa
         out = Normalized([], [Fault(kinds.INVALID_ID, (
             f"{what} got {describe(value)} whose block ids cannot be read: {exc!r}"))])
     out.given = value
+    if distinct:
+        _find_duplicates(out, what)
     return out
+
+
+def _find_duplicates(out: Normalized, what: str) -> None:
+    ids = out.ids
+    if len(set(ids)) == len(ids):
+        return
+    counts = Counter(ids)
+    dups = tuple(b for b in dict.fromkeys(ids) if counts[b] > 1)
+    shown = ", ".join(f"{b} x{counts[b]}" for b in dups[:8])
+    out.faults.append(Fault(kinds.DUPLICATE_ID, (
+        f"{what} got the same block id more than once in one call ({shown}): each copy "
+        "would go back on the free list and the block would be handed to two owners; "
+        "de-duplicate the ids (were two sources concatenated?)"), dups))
 
 
 def like(given, ids: list):
@@ -390,4 +407,4 @@ def result_ids(value, id_attr=None, skip=None) -> Normalized:
     if fast is not None:
         return Normalized(fast)
     return normalize(value, tensor_ok=True, id_attr=id_attr, skip=skip, iterator_ok=True,
-                     what="the allocation")
+                     distinct=False, what="the allocation")

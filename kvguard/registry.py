@@ -25,6 +25,8 @@ import os
 import sys
 import threading
 
+from .logger import emit
+from .marks import guard_of
 from .spec import AllocatorSpec
 
 _specs: dict[str, AllocatorSpec] = {}
@@ -32,6 +34,7 @@ _builtins_loaded = False
 _instrumented: dict | None = None  # guard() keywords while instrument() is on
 _patched: dict[type, object] = {}  # class -> its original __init__ (or _ABSENT)
 _dispatched: dict[tuple, object] = {}  # (class, method name) -> the function it defined
+_factory = None  # kvguard.guard, handed over by the guard package (use_factory)
 _ABSENT = object()
 _UNPATCHABLE = object()  # a class whose __init__ cannot be set: noted once, left alone
 _lock = threading.RLock()
@@ -189,7 +192,6 @@ def _patch(cls: type) -> None:
     try:
         cls.__init__ = __init__
     except (TypeError, AttributeError) as exc:
-        from .guard import emit
         emit(logging.ERROR, "kvguard: cannot guard instances of %s: %s (it runs unguarded)",
              _dotted(cls), exc)
         _patched[cls] = _UNPATCHABLE
@@ -210,19 +212,25 @@ def _unpatch(cls: type) -> None:
         cls.__init__ = original
 
 
+def use_factory(factory) -> None:
+    """``kvguard.guard``, called with ``(obj, **options)`` on each new instance while
+    instrumented. The guard package hands it over when it loads: the registry never imports
+    the guard (the guard imports the registry, to find an allocator's spec)."""
+    global _factory
+    _factory = factory
+
+
 def _guard_new(obj) -> None:
-    from .guard import guard, guard_of
-    if guard_of(obj) is not None:
+    if guard_of(obj) is not None or _factory is None:
         return
     # Attached at construction: a block that is not free now was reserved by the constructor
     # (a null block, padding), never handed out, so freeing it is foreign-id, not learned.
     options = {"learn": False, **(_instrumented or {})}
     try:
-        g = guard(obj, **options)
+        g = _factory(obj, **options)
     except Exception as exc:
         if options.get("on_violation", "raise") == "raise":
             raise
-        from .guard import emit
         emit(logging.ERROR, "kvguard: could not guard a new %s: %r", type(obj).__qualname__, exc)
         return
     shadowed = [name for name, value in vars(obj).items()

@@ -24,11 +24,12 @@ UNKNOWN = 0
 _KVGUARD_DIR = os.path.dirname(os.path.abspath(__file__))
 _MACHINERY = frozenset(
     os.path.join(_KVGUARD_DIR, f"{name}.py")
-    for name in ("guard", "ids", "ledger", "owners", "stacks", "violation", "registry", "cache",
-                 "tables", "staging", "writes")
+    for name in ("ids", "ledger", "owners", "stacks", "violation", "registry", "cache",
+                 "tables", "staging", "writes", "logger", "marks")
 )
 _ADAPTERS_DIR = os.path.join(_KVGUARD_DIR, "adapters")
 """The engine adapters' wrappers are machinery too: a report starts at the engine's frame."""
+_GUARD_DIR = os.path.join(_KVGUARD_DIR, "guard")
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ def is_internal(code) -> bool:
     internal = _internal_files.get(filename)
     if internal is None:
         path = os.path.abspath(filename)
-        internal = path in _MACHINERY or os.path.dirname(path) == _ADAPTERS_DIR
+        internal = path in _MACHINERY or os.path.dirname(path) in (_ADAPTERS_DIR, _GUARD_DIR)
         _internal_files[filename] = internal
     return internal
 

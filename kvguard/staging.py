@@ -267,7 +267,7 @@ def log_path(template: str, pid: int | None = None) -> str:
 def guard_info(guard) -> dict:
     """What a JSON line says about the guard: enough for ``kvguard report`` to group by
     allocator and to say when ids were learned lazily rather than seen handed out."""
-    adopted = sum(ledger.adopted for ledger in guard._ledgers.values())
+    adopted = sum(ledger.adopted for ledger in guard.ledgers.values())
     learned = guard.stats.learned
     return {
         "name": guard.name,
@@ -276,7 +276,7 @@ def guard_info(guard) -> dict:
         "mode": guard.mode,
         "stacks": guard.stacks,
         "sample": getattr(guard, "sample", 1),
-        "learning": bool(guard._learn),
+        "learning": guard.learning,
         "learned": learned,
         "seeded": max(adopted - learned, 0),
     }
@@ -447,7 +447,7 @@ class JsonLinesSink:
     def _fail(self, exc: BaseException) -> None:
         if not self.failed:
             self.failed = True
-            from .guard import emit
+            from .logger import emit
             emit(logging.ERROR, "kvguard: cannot write violation reports to %s (staging goes "
                  "on without its JSON lines): %r", self.path or self.template, exc)
 
@@ -464,8 +464,8 @@ class _Remains:
         self.mode = guard.mode
         self.stacks = guard.stacks
         self.sample = getattr(guard, "sample", 1)
-        self._learn = guard._learn
-        self._ledgers = guard._ledgers
+        self.learning = guard.learning
+        self.ledgers = guard.ledgers
         self.stats = guard.stats
         self.baseline = None
 

@@ -44,21 +44,21 @@ def check_tables(guard, tables, pool=None, refs=None) -> list:
         where = "; ".join(f"block {b} in {_owners(stale[b])} ({_state(ledger, b)})"
                           for b in ids[:6])
         more = f"; and {len(ids) - 6} more" if len(ids) > 6 else ""
-        found.append(guard._violation(kinds.STALE_TABLE, ids, (
+        found.append(guard.violation(kinds.STALE_TABLE, ids, (
             f"{len(ids)} block(s) in the block tables are not the table owner's to use "
             f"({where}{more}): a sequence still reads or writes blocks it freed, or that "
             "belong to someone else; drop them from its table when freeing"),
-            "check_tables", pool, ledger, ids))
+            "check_tables", pool))
     if shared:
         ids = tuple(sorted(shared))
         where = "; ".join(f"block {b} in {_owners(shared[b])}, {_held(ledger, above, b)} "
                           f"reference(s)" for b in ids[:6])
         more = f"; and {len(ids) - 6} more" if len(ids) > 6 else ""
-        found.append(guard._violation(kinds.SHARED_BLOCK, ids, (
+        found.append(guard.violation(kinds.SHARED_BLOCK, ids, (
             f"{len(ids)} block(s) appear in more sequences' tables than they have references "
             f"({where}{more}): those sequences overwrite each other's KV state; share a block "
             "through the allocator (a reference each) or copy it"),
-            "check_tables", pool, ledger, ids))
+            "check_tables", pool))
     return found
 
 

@@ -28,8 +28,8 @@ import functools
 import sys
 
 from . import kinds
-from .errors import error_for
-from .guard import _MISSING, Guard, _Param, guard_of
+from .guard import Guard, guard_of
+from .guard.arguments import MISSING, Param
 from .ids import torch_tensor_type
 from .owners import OWNERS, current_owner
 
@@ -61,7 +61,7 @@ def guard_writes(fn, guard, *, slots=None, table=None, block_size: int = 1, pad:
             raise TypeError(f"{label} must be an int, not {value!r}")
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, not {block_size}")
-    param = _Param(fn, where)
+    param = Param(fn, where)
     if not param.found:
         raise TypeError(f"{_name(fn)}() has no parameter {where!r}")
     checker = _WriteChecker(g, param, _name(fn), slots is not None, block_size, pad, pool,
@@ -70,7 +70,7 @@ def guard_writes(fn, guard, *, slots=None, table=None, block_size: int = 1, pad:
     @functools.wraps(fn)
     def checked(*args, **kwargs):
         value = param.get(args, kwargs)
-        if value is not _MISSING:
+        if value is not MISSING:
             fixed = checker.check(value)
             if fixed is not None:
                 args, kwargs = param.put(args, kwargs, fixed)
@@ -118,17 +118,12 @@ class _WriteChecker:
             blocks = {s // bs for s in entries if s >= 0 and s != pad}
         else:
             blocks = {b for b in entries if b >= 0 and b != pad}
-        with guard._lock:
+        with guard.lock:
             bad, violations = self._judge(sorted(blocks))
-            for v in violations:
-                guard._record(v)
-        fixed = None
-        if violations:
-            if guard.mode == "raise":
+            if violations:
                 self._last = None
-                raise error_for(violations[0])
-            if guard.mode == "repair":
-                fixed = self._redirect(value, bad)
+            verdict = guard.settle(violations)  # raises in raise mode
+        fixed = self._redirect(value, bad) if verdict == "repair" else None
         if _tensor_version(value) is not None:  # a tensor: its version says if it changed
             self._last = (value, _tensor_version(value), version, fixed)
         return fixed
@@ -182,11 +177,11 @@ class _WriteChecker:
         what = "slot mapping" if self.is_slots else "block table"
         call = f"{self.method}()"
         if freed:
-            violations.append(guard._violation(kinds.WRITE_AFTER_FREE, tuple(freed), (
+            violations.append(guard.violation(kinds.WRITE_AFTER_FREE, tuple(freed), (
                 f"{call} writes into {_list(freed)}, freed by call "
                 f"#{-stamp[freed[0]]}: a stale {what} still points into freed memory, and the "
                 "block's next owner gets this write; rebuild the mapping after freeing"),
-                self.method, self.pool, ledger, freed))
+                self.method, self.pool))
         stale = unknown + [b for b, _ in foreign]
         if stale:
             why = []
@@ -196,16 +191,16 @@ class _WriteChecker:
                 b, label = foreign[0]
                 more = f" (+{len(foreign) - 1} more)" if len(foreign) > 1 else ""
                 why.append(f"block {b} owned by {label!r}, not the writer {writer!r}{more}")
-            violations.append(guard._violation(kinds.STALE_TABLE, tuple(stale), (
+            violations.append(guard.violation(kinds.STALE_TABLE, tuple(stale), (
                 f"{call} writes into blocks that are not the writer's ({'; '.join(why)}): "
                 f"the {what} is stale or mixes up sequences"),
-                self.method, self.pool, ledger, stale))
+                self.method, self.pool))
         if shared:
-            violations.append(guard._violation(kinds.SHARED_BLOCK, tuple(shared), (
+            violations.append(guard.violation(kinds.SHARED_BLOCK, tuple(shared), (
                 f"{call} writes into {_list(shared)}, held by {ledger.refcount(shared[0])} "
                 "references: every sequence sharing it sees this write; copy the block before "
                 "writing (copy-on-write), or pass shared_ok=True if sharing writers is meant"),
-                self.method, self.pool, ledger, shared))
+                self.method, self.pool))
         violations.sort(key=lambda v: kinds.PRECEDENCE[v.kind])
         return set(freed + stale + shared), violations
 

@@ -22,8 +22,8 @@ _runner_files: dict = {}
 
 MACHINERY = ("kvguard.guard", "kvguard.ids", "kvguard.ledger", "kvguard.registry",
              "kvguard.tables", "kvguard.cache", "kvguard.writes", "kvguard.staging")
-"""Modules whose frames say nothing about the bug; the engine adapters' wrappers
-(``kvguard.adapters.*``) are hidden too."""
+"""Modules whose frames say nothing about the bug; the guard package's modules
+(``kvguard.guard.*``) and the engine adapters' wrappers (``kvguard.adapters.*``) are hidden too."""
 
 
 def _is_runner(code) -> bool:
@@ -55,7 +55,8 @@ def trim_violation(violation):
 def hide_machinery() -> list:
     """Mark the guard's modules hidden in pytest tracebacks; returns what to undo."""
     undo = []
-    names = list(MACHINERY) + [n for n in list(sys.modules) if n.startswith("kvguard.adapters.")]
+    names = list(MACHINERY) + [n for n in list(sys.modules)
+                               if n.startswith(("kvguard.guard.", "kvguard.adapters."))]
     for name in names:
         module = sys.modules.get(name)
         if module is not None and "__tracebackhide__" not in vars(module):

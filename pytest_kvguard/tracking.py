@@ -16,9 +16,10 @@ import weakref
 import kvguard
 from kvguard import kinds
 from kvguard.guard import Guard
+from kvguard.guard.evidence import block_histories, operations
 from kvguard.owners import OWNERS
 from kvguard.stacks import SITES
-from kvguard.violation import BlockHistory, Violation
+from kvguard.violation import Violation
 
 COUNTERS = ("alloc_calls", "free_calls", "share_calls", "blocks_allocated", "blocks_freed",
             "blocks_shared", "internal_errors")
@@ -36,7 +37,7 @@ class GuardRecord:
         self.name = guard.name
         self.address = guard.address
         self.alloc = guard.spec.alloc or "allocate"
-        self.ledgers = guard._ledgers  # the guard's own dict: sub-pools added later show up
+        self.ledgers = guard.ledgers  # a live view: sub-pools added later show up
         self.history = guard.history
         self.stats = guard.stats
         self.mark = 0
@@ -180,15 +181,9 @@ def owned_live(ledger, wanted) -> list[int]:
 def leak_violation(record: GuardRecord, pool, ledger, ids, test, at) -> Violation:
     """A ``leak`` report whose stack is where the first leaked block was handed out: that
     line is what the SUMMARY names, and what the reader has to fix."""
-    blocks = []
-    for b in ids[:4]:
-        site = ledger.origin[b]
-        blocks.append(BlockHistory(b, "live", ledger.refcount(b),
-                                   OWNERS.labels[SITES.owner(site)], ledger.stamp[b],
-                                   SITES.pairs(site), ()))
+    blocks = block_histories(ledger, ids, with_frees=False)
     first_site = blocks[0].allocated_at
-    # History entries decode the same way for any guard; _operation reads nothing from self.
-    history = [Guard._operation(None, *entry) for entry in (record.history or ())]
+    history = operations(record.history)
     where = f" in pool {pool!r}" if pool is not None else ""
     return Violation(
         kind=kinds.LEAK, block_ids=tuple(ids),

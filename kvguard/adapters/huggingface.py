@@ -18,7 +18,7 @@ the guard's ledgers follow.
 from __future__ import annotations
 
 from ..spec import AllocatorSpec
-from .methods import _shadow, adapter, resetting
+from .methods import adapter, resetting, resizing
 
 CACHE_POOL = "transformers.generation.continuous_batching.cache_allocators.cache_pool.CachePool"
 
@@ -29,26 +29,15 @@ def _sizes(pool) -> list:
     return [sectors * per_sector for per_sector in pool.blocks_per_sector]
 
 
-def _resizing(guard) -> None:
-    """``set_blocks_per_sector(index, n)`` starts that index afresh with another id space: its
-    ledger is dropped and rebuilt, with the new size, on the index's next call."""
-    def build(original):
-        lock = guard._lock
-
-        def wrapper(*args, **kwargs):
-            with lock:
-                result = original(*args, **kwargs)
-                index = args[0] if args else kwargs.get("index")
-                guard._ledgers.pop(index, None)
-                guard._quarantine.pop(index, None)
-                return result
-        return wrapper
-    _shadow(guard, "set_blocks_per_sector", build)
+def _index(args, kwargs):
+    """The sub-pool ``set_blocks_per_sector(index, n)`` starts afresh with another id space."""
+    return args[0] if args else kwargs.get("index")
 
 
 SPECS = {
     CACHE_POOL: AllocatorSpec(
         alloc="get_free_blocks", free="free_blocks", free_arg="block_ids", pool_arg="index",
-        size=_sizes, adapter=adapter(resetting("reset"), _resizing),
+        size=_sizes,
+        adapter=adapter(resetting("reset"), resizing("set_blocks_per_sector", _index)),
     ),
 }

@@ -13,7 +13,7 @@ ignored by ``free()``, and so by the guard, as are the frees of a dying allocato
 
 from __future__ import annotations
 
-from ..guard import guard_of
+from ..marks import guard_of
 from ..spec import AllocatorSpec
 from .methods import adapter, allocating, freeing
 

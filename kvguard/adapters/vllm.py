@@ -24,7 +24,7 @@ Size ``num_gpu_blocks`` (the null block included), free count ``get_num_free_blo
 
 from __future__ import annotations
 
-from ..guard import _ATTR
+from ..marks import guard_of
 from ..spec import AllocatorSpec
 from .methods import adapter, freeing
 
@@ -41,10 +41,10 @@ def _not_this_pools(block) -> bool:
         pool = block.pool
         if pool is None:
             return False
-        other = pool.__dict__.get(_ATTR)
+        other = guard_of(pool)
     except AttributeError:  # not a KVCacheBlock: the guard reports it as an invalid id
         return False
-    return other is None or not other._lock._is_owned()
+    return other is None or not other.inside()
 
 
 def _all_this_pools(pool, blocks) -> bool:

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kvguard
+from kvguard.guard.telemetry import internal_error
 from kvguard import kinds
 from kvguard.examples import LINKED_FREE_LIST_SPEC, LinkedFreeList
 
@@ -335,7 +336,7 @@ def test_a_raising_log_handler_never_reaches_the_caller(mode, how):
         assert [v.kind for v in g.violations] == [kinds.SHARED_BLOCK, kinds.FOREIGN_ID]
         assert sorted(a.free_ids) == list(range(8))
         g.stats.internal_errors = 0
-        g._internal_error(ValueError("boom"))  # the guard's own error line is contained too
+        internal_error(g, ValueError("boom"))  # the guard's own error line is contained too
     finally:
         (logger.removeHandler if how == "handler" else logger.removeFilter)(hook)
 

@@ -145,12 +145,13 @@ def test_log_mode_forwards_untouched_and_records(caplog):
 def test_log_mode_survives_the_guards_own_bugs(monkeypatch, caplog):
     a = LinkedFreeList(4)
     g = kvguard.guard(a, LINKED_FREE_LIST_SPEC, on_violation="log")
-    guard_module = importlib.import_module("kvguard.guard")  # kvguard.guard is the function
 
     def broken(*args, **kwargs):
         raise RuntimeError("bug inside kvguard")
-    monkeypatch.setattr(guard_module, "normalize", broken)
-    monkeypatch.setattr(guard_module, "result_ids", broken)
+    # Where the careful path reads a free's ids, and an allocation's.
+    monkeypatch.setattr(importlib.import_module("kvguard.guard.careful"), "normalize", broken)
+    monkeypatch.setattr(importlib.import_module("kvguard.guard.bookkeeping"), "result_ids",
+                        broken)
     with caplog.at_level(logging.ERROR, logger="kvguard"):
         ids = a.allocate(2)
         a.free({ids[0]})  # a set: slow path -> broken normalize; still forwarded

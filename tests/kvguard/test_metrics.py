@@ -148,7 +148,7 @@ def test_a_bad_interval_is_a_bad_setting():
 # --- a scrape never holds up the allocator --------------------------------------------------
 
 class WatchedLock:
-    """The guard's lock as a reader finds it (``guard._lock``), recording which functions run
+    """The guard's lock as a reader finds it (``guard.lock``), recording which functions run
     on the reader's thread while it is held. The wrappers keep the real lock they were built
     with, so the allocator threads and the reader still exclude each other through it."""
 
@@ -174,8 +174,8 @@ class WatchedLock:
 def test_a_scrape_during_traffic_holds_each_guard_for_one_copy_of_its_counters():
     pool = MetricsPool(4096)
     g = kvguard.guard(pool, LINKED_FREE_LIST_SPEC, on_violation="repair")
-    watched = WatchedLock(g._lock)
-    g._lock = watched
+    watched = WatchedLock(g.lock)
+    g.lock = watched
     stop = threading.Event()
     errors = []
 

@@ -16,7 +16,7 @@ from kvguard._pth import PTH_LINE
 from kvguard.examples import LINKED_FREE_LIST_SPEC, LinkedFreeList
 from kvguard.staging import JsonLinesSink, StagingConfig, config_from_env, parse_register
 
-guard_module = importlib.import_module("kvguard.guard")
+guard_module = importlib.import_module("kvguard.guard.front")
 EXAMPLE = "kvguard.examples.LinkedFreeList"
 
 

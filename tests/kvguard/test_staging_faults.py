@@ -24,6 +24,14 @@ from kvguard.stacks import SITES, UNKNOWN, SiteTable
 from .helpers import allocator_state
 
 guard_module = importlib.import_module("kvguard.guard")
+HOMES = {"normalize": "kvguard.guard.careful", "result_ids": "kvguard.guard.bookkeeping",
+         "raw_stack": "kvguard.guard.evidence", "int_tensor_ids": "kvguard.guard.shadowing",
+         "torch_tensor_type": "kvguard.guard.shadowing", "violation": "kvguard.guard.evidence"}
+"""The module whose global each injected fault replaces."""
+
+
+def _home(name):
+    return importlib.import_module(HOMES[name])
 
 
 class Flaky:
@@ -44,7 +52,7 @@ def _inject(monkeypatch, where, every):
     if where == "site capture":
         monkeypatch.setattr(SITES, "_intern", Flaky(SITES._intern, every))
     elif where in ("normalize", "result_ids", "raw_stack"):
-        monkeypatch.setattr(guard_module, where, Flaky(getattr(guard_module, where), every))
+        monkeypatch.setattr(_home(where), where, Flaky(getattr(_home(where), where), every))
     elif where in ("Ledger.release", "Ledger.adopt", "Ledger.allocate"):
         name = where.split(".")[1]
         flaky = Flaky(getattr(Ledger, name), every)
@@ -53,10 +61,9 @@ def _inject(monkeypatch, where, every):
         name = where.split(".")[1]
         flaky = Flaky(getattr(Violation, name), every)
         monkeypatch.setattr(Violation, name, lambda self, *a, **k: flaky(self, *a, **k))
-    elif where == "Guard._violation":
-        flaky = Flaky(guard_module.Guard._violation, every)
-        monkeypatch.setattr(guard_module.Guard, "_violation",
-                            lambda self, *a, **k: flaky(self, *a, **k))
+    elif where == "evidence.violation":
+        monkeypatch.setattr(_home("violation"), "violation",
+                            Flaky(_home("violation").violation, every))
     elif where == "subscriber":
         unsubscribe = kvguard.subscribe(Flaky(lambda g, v: v.to_dict(), every))
         monkeypatch.setattr(guard_module, "_kvg_test_unsubscribe", unsubscribe, raising=False)
@@ -66,7 +73,7 @@ def _inject(monkeypatch, where, every):
 
 FAULTS = ["site capture", "normalize", "result_ids", "raw_stack", "Ledger.release",
           "Ledger.adopt", "Ledger.allocate", "Violation.render", "Violation.to_dict",
-          "Guard._violation", "subscriber"]
+          "evidence.violation", "subscriber"]
 
 # Operations: ("alloc", n) or ("free", how, which) with which picking held blocks by index.
 FREES = ["list", "tuple", "int", "dup", "foreign", "stale"]
@@ -141,7 +148,7 @@ def test_log_mode_never_lets_an_internal_fault_reach_the_caller(monkeypatch, whe
 
 
 @pytest.mark.parametrize("where", ["site capture", "normalize", "Ledger.release",
-                                   "Guard._violation", "Violation.render"])
+                                   "evidence.violation", "Violation.render"])
 def test_an_internal_fault_is_logged_once_and_counted(monkeypatch, caplog, where):
     a = LinkedFreeList(8)
     g = kvguard.guard(a, LINKED_FREE_LIST_SPEC, on_violation="log")
@@ -216,11 +223,11 @@ class TensorFreeList(LinkedFreeList):
         return torch.tensor(super().allocate(num_blocks), dtype=torch.int32)
 
 
-@pytest.mark.parametrize("where", ["_int_tensor_ids", "torch_tensor_type"])
+@pytest.mark.parametrize("where", ["int_tensor_ids", "torch_tensor_type"])
 def test_a_fault_reading_a_tensor_result_is_contained(monkeypatch, where):
     a = TensorFreeList(8)
     g = kvguard.guard(a, LINKED_FREE_LIST_SPEC, on_violation="log")
-    monkeypatch.setattr(guard_module, where, Flaky(getattr(guard_module, where)))
+    monkeypatch.setattr(_home(where), where, Flaky(getattr(_home(where), where)))
     got = a.allocate(3)  # the fast path cannot read the tensor: the slow path does
     assert got.tolist() == [0, 1, 2] and sorted(g.live) == [0, 1, 2]
     a.free(got.tolist())

@@ -20,7 +20,8 @@ import kvguard
 import kvguard.examples  # noqa: F401
 from kvguard import registry
 
-guard_module = importlib.import_module("kvguard.guard")
+telemetry = importlib.import_module("kvguard.guard.telemetry")
+decisions = importlib.import_module("kvguard.guard.decisions")
 
 # pytest_plugins = ["pytester"] is in tests/conftest.py: pytest refuses it in a nested conftest.
 
@@ -49,7 +50,7 @@ SWALLOWED = """
 @pytest.fixture(autouse=True)
 def _run_leaves_kvguard_as_it_was():
     specs, builtins_loaded = dict(registry._specs), registry._builtins_loaded
-    subscribers = list(guard_module._subscribers)
+    subscribers = list(telemetry._subscribers)
     exits = {(cls, name): cls.__dict__[name]
              for cls in (pytest_raises.RaisesExc, pytest_raises.RaisesGroup)
              for name in ("__enter__", "__exit__")}
@@ -58,13 +59,13 @@ def _run_leaves_kvguard_as_it_was():
     registry._specs.update(specs)
     registry._builtins_loaded = builtins_loaded
     assert not registry.instrumented(), "the run left instrumentation on"
-    assert guard_module._subscribers == subscribers, "the run left a subscriber"
+    assert telemetry._subscribers == subscribers, "the run left a subscriber"
     assert not [cb for cb in gc.callbacks
                 if type(getattr(cb, "__self__", None)).__module__.startswith("pytest_kvguard")
                 ], "the run left its gc callback"
     for (cls, name), method in exits.items():
         assert cls.__dict__[name] is method, f"the run left {cls.__name__}.{name} patched"
-    assert guard_module._step_aside[0] is None, "the run left guards stepping aside"
+    assert decisions._step_aside[0] is None, "the run left guards stepping aside"
 
 
 @pytest.fixture

@@ -1,0 +1,184 @@
+"""The checker: a ledger and normalized ids in, faults and a plan out.
+
+It answers "what is wrong with this call, and what would the ledger do with it" and nothing
+else: no lock, no mode, no allocator, no reports. Faults of the argument itself (bools, tensors,
+duplicates...) come from ``kvguard.ids``; the faults here are those that need the ledger (an id
+out of range, never handed out, already free; a block handed out while live). Testable with a
+``Ledger`` and a ``Normalized`` alone.
+"""
+
+from __future__ import annotations
+
+import operator
+
+from .. import kinds
+from ..ids import Fault
+
+
+class Plan:
+    """What a checked free()/share() call will do, between its check and its commit."""
+
+    __slots__ = ("method", "pool", "ledger", "norm", "good", "learned", "site", "faults",
+                 "held_objects", "held", "aside")
+
+    def __init__(self, method, pool, ledger, norm, good, learned, site, held=None,
+                 faults=()) -> None:
+        self.site = site
+        self.held = held
+        """[refcount_attr] The engine's count of each of ``norm.ids`` before the call."""
+        self.method = method
+        self.pool = pool
+        self.ledger = ledger
+        self.norm = norm
+        self.good = good
+        """Ids live in the ledger (for a share: handed out at least once), each once."""
+        self.learned = learned
+        """Ids never seen, taken as handed out before the guard attached."""
+        self.faults = faults
+        """What is wrong with the call, most severe first."""
+        self.aside = False
+        """The guard steps aside for this faulty call (``step_aside_when``)."""
+        self.held_objects: dict = {}
+
+    @property
+    def faulty(self) -> bool:
+        return bool(self.faults)
+
+
+def check_release(ledger, norm, *, method, pool, site, what, share=False, learn_shares=False,
+                  refcount_attr=None) -> Plan:
+    """Check the ids of a free() (or, with ``share``, a share()) against ``ledger``.
+
+    ``learn_shares``: a share of a never-seen id learns it (a refcounted pool attached while
+    blocks sat in its prefix cache) rather than calling it foreign. ``refcount_attr``: the block
+    objects' own reference count, read before the call, which must be positive for a release.
+    """
+    faults = norm.faults
+    ids = norm.ids
+    stamp = ledger.stamp
+    n = len(stamp)
+    held = engine_refcounts(refcount_attr, norm) if (
+        refcount_attr is not None and not share) else None
+    if not faults:
+        # The common case, checked in one pass: every id live (or, for a share, handed out
+        # at least once) and inside the ledger. Anything else is sorted out below.
+        for b in ids:
+            if not b < n or stamp[b] <= 0 and (not share or stamp[b] == 0):
+                break
+        else:  # (b < len(stamp) means in range: a sized ledger is exactly its size long)
+            if held is None or min(held, default=1) > 0:
+                return Plan(method, pool, ledger, norm, ids, [], site, held)
+    faults = list(faults)
+    good, learned, foreign, double, out_of_range = [], [], [], [], []
+    unknown = 0  # ids never seen, learned by this call (bounded by the ledger's budget)
+    for b in dict.fromkeys(ids):
+        if not ledger.in_range(b):
+            out_of_range.append(b)
+        elif b >= len(stamp) or stamp[b] == 0:
+            if share:
+                (learned if learn_shares else foreign).append(b)
+            elif ledger.learn and (ledger.learn_budget is None
+                                   or unknown < ledger.learn_budget):
+                learned.append(b)
+                unknown += 1
+            else:
+                foreign.append(b)
+        elif stamp[b] < 0 and not share:
+            (learned if b in ledger.uncertain else double).append(b)
+        else:
+            good.append(b)
+    drained = []
+    if held is not None:  # [refcount_attr] live in the ledger, but the engine holds none
+        count = dict(zip(ids, held))
+        drained = [b for b in good if count[b] is not None and count[b] <= 0]
+        if drained:
+            good = [b for b in good if b not in set(drained)]
+    if out_of_range:
+        faults.append(Fault(kinds.INVALID_ID, (
+            f"{what} got block id {out_of_range[0]}, outside the pool [0, {ledger.size})"
+            + more(out_of_range)), tuple(out_of_range)))
+    if foreign:
+        faults.append(Fault(kinds.FOREIGN_ID, (
+            f"{what} got block id {foreign[0]}, which this allocator never handed out"
+            + more(foreign) + "; was it allocated from another pool or allocator?"),
+            tuple(foreign)))
+    if double:
+        faults.append(Fault(kinds.DOUBLE_FREE, (
+            f"{what} got block id {double[0]}, which is already free" + more(double)
+            + ": a second free puts it on the free list twice, and two requests will share "
+            "it; free each block once, and forget ids after freeing them"), tuple(double)))
+    if drained:
+        faults.append(Fault(kinds.DOUBLE_FREE, (
+            f"{what} got block id {drained[0]}" + more(drained) + ", whose own "
+            f"{refcount_attr} is already {count[drained[0]]}: every reference to it "
+            "was released, so this release takes the count below zero and the block goes "
+            "back on the free list while it may still be in use; free each reference once"),
+            tuple(drained)))
+    faults.sort(key=lambda f: kinds.PRECEDENCE[f.kind])
+    return Plan(method, pool, ledger, norm, good, learned, site, held, faults)
+
+
+def check_handout(ledger, norm, method) -> tuple:
+    """Check the ids an allocation handed out against ``ledger``: ``(fresh, faults)``, the ids
+    that may become live (free or never seen, each once) and what is wrong with the rest. An
+    unsized ledger grows to take a new id."""
+    faults = list(norm.faults)
+    ids = norm.ids
+    stamp = ledger.stamp
+    n = len(stamp)
+    fresh, shared, bad = [], [], []
+    if not faults and len(set(ids)) == len(ids):
+        for b in ids:  # the common case in one pass: each id free or new, inside the ledger
+            if not b < n or stamp[b] > 0:
+                break
+        else:
+            return ids, faults
+    seen = set()
+    for b in ids:
+        if b in seen:
+            shared.append(b)
+            continue
+        seen.add(b)
+        if not ledger.in_range(b) or not ledger.grow(b + 1):
+            bad.append(b)
+        elif ledger.stamp[b] > 0 and b not in ledger.uncertain:
+            shared.append(b)
+        else:
+            fresh.append(b)
+    if bad:
+        faults.append(Fault(kinds.INVALID_ID, (
+            f"{method}() handed out block id {bad[0]}, outside the pool [0, {ledger.size})"
+            + more(bad) + ": the allocator's free list is corrupt"), tuple(bad)))
+    if shared:
+        faults.append(Fault(kinds.SHARED_BLOCK, (
+            f"{method}() handed out block {shared[0]}" + more(shared)
+            + " while it is still live: two owners now share one KV block and overwrite "
+            "each other's attention state; the allocator's free list is corrupt (a "
+            "duplicate or double free earlier?)"), tuple(shared)))
+    faults.sort(key=lambda f: kinds.PRECEDENCE[f.kind])
+    return fresh, faults
+
+
+def engine_refcounts(attr, norm):
+    """[refcount_attr] Each block object's own reference count, in the order of ``norm.ids``
+    (None for an object without one, or an unreadable one: the ledger decides those)."""
+    objects = norm.objects
+    if objects is None:
+        return None
+    try:
+        return list(map(operator.attrgetter(attr), objects))
+    except Exception:
+        return [_count_or_none(obj, attr) for obj in objects]
+
+
+def _count_or_none(obj, attr):
+    try:
+        value = getattr(obj, attr)
+    except Exception:
+        return None
+    return value if type(value) is int else None
+
+
+def more(ids) -> str:
+    """`` (and N more: [...])`` after the first id a message names."""
+    return f" (and {len(ids) - 1} more: {list(ids[1:9])})" if len(ids) > 1 else ""

@@ -1,0 +1,68 @@
+"""What a violation carries: the blocks' histories from the ledger and the flight recorder.
+
+The flight recorder is a guard's ``history`` deque; every entry has one shape, written on the
+hot path as a plain tuple so that recording costs one append::
+
+    (call, ids, site, pool, op)
+
+``call`` is the guard's call number (positive), ``ids`` the ids the allocator received, ``site``
+the interned call site, ``pool`` the sub-pool key (None without sub-pools) and ``op`` one of
+``OPS``. Entries are decoded into ``Operation`` values only when a report is drawn.
+"""
+
+from __future__ import annotations
+
+from ..owners import OWNERS, current_owner
+from ..stacks import SITES, raw_stack
+from ..violation import BlockHistory, Operation, Violation
+
+OPS = ("allocate", "free", "share", "reset")
+"""The steps a flight-recorder entry names, as ``kvguard replay`` reads them."""
+
+VIOLATION_STACK_DEPTH = {"off": 1, "cheap": 24, "full": 128}
+"""Frames kept for the stack of the call that broke a rule: rare, so richer than hot-path sites."""
+
+DETAILED = 4
+"""Blocks whose own history a violation carries."""
+
+
+def operation(entry) -> Operation:
+    """Decode one flight-recorder entry."""
+    call, ids, site, pool, op = entry
+    return Operation(op, tuple(ids), SITES.pairs(site), pool, call)
+
+
+def operations(history) -> list:
+    """A whole flight recorder, decoded, oldest first (``history`` may be None: recording off)."""
+    return [operation(entry) for entry in (history or ())]
+
+
+def block_histories(ledger, ids, *, with_frees: bool = True) -> list:
+    """What the ledger knows of the first ``DETAILED`` distinct blocks of ``ids`` it has seen:
+    state, references, owner, the call that last changed it, where it was handed out and (with
+    ``with_frees``) where it was last freed."""
+    blocks = []
+    for b in list(dict.fromkeys(ids))[:DETAILED]:
+        if not ledger.seen(b):
+            continue
+        stamp = ledger.stamp[b]
+        site = ledger.origin[b]
+        blocks.append(BlockHistory(
+            b, "live" if stamp > 0 else "free", ledger.refcount(b),
+            OWNERS.labels[SITES.owner(site)], abs(stamp), SITES.pairs(site),
+            SITES.pairs(ledger.freed_at[b]) if with_frees else ()))
+    return blocks
+
+
+def violation(guard, kind, block_ids, message, method, pool, ledger, detail_ids) -> Violation:
+    """A violation of ``guard``'s allocator, with the stack of the call that broke the rule, the
+    histories of the blocks in ``detail_ids`` and the flight recorder."""
+    return Violation(
+        kind=kind, block_ids=tuple(block_ids), message=message,
+        allocator=guard.allocator_class, allocator_name=guard.name,
+        allocator_address=guard.address, method=method, pool=pool,
+        call_stack=raw_stack(1, VIOLATION_STACK_DEPTH[guard.stacks]),
+        blocks=block_histories(ledger, detail_ids), owner=current_owner(),
+        history=operations(guard.history),
+        extra={"learned": ledger.adopted} if ledger.adopted else {},
+    )

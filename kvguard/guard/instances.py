@@ -1,0 +1,40 @@
+"""Which guards are alive: a weak set (a guard never keeps an allocator or itself alive), the
+engine's own methods behind kvguard's class-level dispatchers, and locks made free after a fork.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+
+GUARDS: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def guards() -> list:
+    """Every guard alive in this process."""
+    return list(GUARDS)
+
+
+def engine_method(obj, name):
+    """``obj.name``, past the class-level dispatcher ``kvguard.registry`` puts on instrumented
+    classes: what a guard wraps and forwards to is the engine's own function."""
+    method = getattr(obj, name)
+    func = getattr(getattr(method, "__func__", method), "__kvguard_function__", None)
+    if func is None:
+        return method
+    return func.__get__(obj) if not isinstance(obj, type) else func
+
+
+def _after_fork_in_child() -> None:
+    """A fork copies a lock held by another thread as held, and that thread does not exist in
+    the child: the child's first guarded call would wait forever. Every guard's lock starts
+    free in the child. (A call that was under way in the parent is not replayed: the child's
+    ledger is as it was before that call.)"""
+    for g in list(GUARDS):
+        reinit = getattr(g.lock, "_at_fork_reinit", None)
+        if reinit is not None:
+            reinit()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,96 @@
+"""The guard package is reached only through its public protocol.
+
+Outside ``kvguard/guard/``, no module of the runtime or of the pytest plugin touches a
+``_``-prefixed member of a guard or of its ledger, or imports a ``_``-prefixed name from the
+guard package: adapters and checks use the hooks ``Guard`` offers by name.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import kvguard
+from kvguard.examples import LINKED_FREE_LIST_SPEC, REFCOUNTED_POOL_SPEC, RefcountedPool
+from kvguard.ledger import Ledger
+
+ROOT = Path(__file__).resolve().parents[2]
+GUARD_PACKAGE = ROOT / "kvguard" / "guard"
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_members() -> set:
+    """Every ``_``-prefixed name a guard or a ledger has, on the class or the instance."""
+    pool = RefcountedPool(8)
+    g = kvguard.guard(pool, REFCOUNTED_POOL_SPEC, stacks="off")
+    try:
+        names = set(dir(g)) | set(vars(g)) | set(dir(Ledger)) | set(vars(g.ledger()))
+    finally:
+        g.unguard()
+    return {n for n in names if _private(n)}
+
+
+def outside_modules() -> list:
+    files = [f for package in ("kvguard", "pytest_kvguard")
+             for f in sorted((ROOT / package).rglob("*.py"))]
+    return [f for f in files if GUARD_PACKAGE not in f.parents]
+
+
+def offences(path: Path, members: set) -> list:
+    """``file:line: what`` for each reach into the guard's or a ledger's private members."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in members:
+            base = node.value
+            if isinstance(base, ast.Name) and base.id in ("self", "cls"):
+                continue  # a class's own member that happens to share the name
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1] in (
+                "guard", "front", "shadowing", "careful", "checker", "decisions", "bookkeeping",
+                "evidence", "telemetry", "quarantine", "baseline", "roles", "arguments",
+                "instances"):
+            found += [f"{path.relative_to(ROOT)}:{node.lineno}: import {a.name}"
+                      for a in node.names if _private(a.name)]
+    return found
+
+
+def test_the_probe_sees_the_guards_private_members():
+    members = private_members()
+    assert {"_ledgers", "_tick", "_quarantine", "_learn", "_watchers"} <= members
+    sample = ROOT / "kvguard" / "guard" / "bookkeeping.py"  # inside: allowed, but it does reach
+    assert offences(sample, members), "the probe must find what the package itself uses"
+
+
+def test_no_module_outside_the_guard_package_touches_its_privates():
+    members = private_members()
+    found = [hit for path in outside_modules() for hit in offences(path, members)]
+    assert found == [], "use the Guard's hook protocol instead:\n" + "\n".join(found)
+
+
+def test_the_hooks_cover_what_an_adapter_needs():
+    """An extra freeing method wrapped by its role checks like the spec's own free."""
+    from kvguard.examples import LinkedFreeList
+
+    class TwoDoors(LinkedFreeList):
+        def release(self, ids):
+            for b in ids:
+                self.free([b])
+
+    a = TwoDoors(4)
+    g = kvguard.guard(a, LINKED_FREE_LIST_SPEC)
+    g.wrap_method("release", "freeing")
+    ids = a.allocate(2)
+    a.release(ids)
+    assert g.live == {} and g.stats.free_calls == 1
+    try:
+        a.release([ids[0]])
+    except kvguard.DoubleFreeError as exc:
+        assert exc.violation.method == "release"
+    else:
+        raise AssertionError("a double free through an extra freeing method must raise")
+    g.unguard()
+    assert "release" not in vars(a)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from .owners import OWNERS
 from .stacks import SITES
+from .violation import BlockHistory
 
 MAX_DENSE = 1 << 28
 """Largest pool the ledger grows to without a declared ``size`` (4 GiB of columns)."""
@@ -162,6 +163,18 @@ class Ledger:
                     self.ref[b] = 1
                     self.uncertain.add(b)
 
+    def reset(self, clock: int, site: int) -> list:
+        """Every live block is free as of ``clock`` (the allocator took them all back: a reset,
+        a resize); returns their ids."""
+        live = self.live_ids()
+        stamp, freed_at, ref = self.stamp, self.freed_at, self.ref
+        for b in live:
+            stamp[b] = -clock
+            freed_at[b] = site
+            if ref is not None:
+                ref[b] = 0
+        return live
+
     def follow(self, live, clock: int) -> None:
         """Make the live set exactly ``live``: the allocator's own word, after a call the guard
         let through with bad input. Blocks it no longer holds are free as of ``clock``; blocks
@@ -210,6 +223,15 @@ class Ledger:
         so a metrics scrape never holds up the allocator for a scan. A call in flight on
         another thread may be half counted."""
         return _count_positive(self.stamp.tobytes())
+
+    def history(self, b: int, *, with_frees: bool = True) -> BlockHistory:
+        """What a report says of block ``b`` (seen by the ledger): state, references, owner,
+        the call that last changed it, where it was handed out and last freed."""
+        stamp = self.stamp[b]
+        site = self.origin[b]
+        return BlockHistory(b, "live" if stamp > 0 else "free", self.refcount(b),
+                            OWNERS.labels[SITES.owner(site)], abs(stamp), SITES.pairs(site),
+                            SITES.pairs(self.freed_at[b]) if with_frees else ())
 
     def block(self, b: int) -> LiveBlock:
         if not self.seen(b):

@@ -119,13 +119,7 @@ def forget_all(guard, site) -> None:
     """The allocator took every block back (a reset): each live block becomes free."""
     clock = guard._tick()
     for pool, ledger in guard._ledgers.items():
-        live = ledger.live_ids()
-        stamp, freed_at, ref = ledger.stamp, ledger.freed_at, ledger.ref
-        for b in live:
-            stamp[b] = -clock
-            freed_at[b] = site
-            if ref is not None:
-                ref[b] = 0
+        live = ledger.reset(clock, site)
         guard._quarantine.forget(pool)  # the reset gave the held blocks back already
         if live and guard.history is not None:
             guard.history.append((clock, tuple(live), site, pool, "reset"))

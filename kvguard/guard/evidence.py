@@ -12,9 +12,9 @@ the interned call site, ``pool`` the sub-pool key (None without sub-pools) and `
 
 from __future__ import annotations
 
-from ..owners import OWNERS, current_owner
+from ..owners import current_owner
 from ..stacks import SITES, raw_stack
-from ..violation import BlockHistory, Operation, Violation
+from ..violation import Operation, Violation
 
 OPS = ("allocate", "free", "share", "reset")
 """The steps a flight-recorder entry names, as ``kvguard replay`` reads them."""
@@ -41,17 +41,8 @@ def block_histories(ledger, ids, *, with_frees: bool = True) -> list:
     """What the ledger knows of the first ``DETAILED`` distinct blocks of ``ids`` it has seen:
     state, references, owner, the call that last changed it, where it was handed out and (with
     ``with_frees``) where it was last freed."""
-    blocks = []
-    for b in list(dict.fromkeys(ids))[:DETAILED]:
-        if not ledger.seen(b):
-            continue
-        stamp = ledger.stamp[b]
-        site = ledger.origin[b]
-        blocks.append(BlockHistory(
-            b, "live" if stamp > 0 else "free", ledger.refcount(b),
-            OWNERS.labels[SITES.owner(site)], abs(stamp), SITES.pairs(site),
-            SITES.pairs(ledger.freed_at[b]) if with_frees else ()))
-    return blocks
+    return [ledger.history(b, with_frees=with_frees)
+            for b in list(dict.fromkeys(ids))[:DETAILED] if ledger.seen(b)]
 
 
 def violation(guard, kind, block_ids, message, method, pool, ledger, detail_ids) -> Violation:

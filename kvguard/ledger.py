@@ -27,6 +27,7 @@ from .violation import BlockHistory
 MAX_DENSE = 1 << 28
 """Largest pool the ledger grows to without a declared ``size`` (4 GiB of columns)."""
 
+
 @dataclass(frozen=True)
 class LiveBlock:
     """One live block as ``Guard.live`` shows it."""

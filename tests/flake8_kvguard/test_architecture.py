@@ -8,6 +8,7 @@ and sees imports inside functions too.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 from pathlib import Path
 
@@ -93,13 +94,18 @@ def _own_privates(tree) -> set:
     return {name for name in own if _private(name)}
 
 
+@functools.cache
+def _own_privates_of(name: str) -> set:
+    return _own_privates(MODULES[name][1])
+
+
 def _private_uses(name: str) -> list:
     _, tree, _ = MODULES[name]
     own = _own_privates(tree)
     elsewhere = set()
     for other, (_, other_tree, _) in MODULES.items():
         if other != name:
-            elsewhere |= _own_privates(other_tree)
+            elsewhere |= _own_privates_of(other)
     module_aliases = {}
     found = []
     for target, taken, node in _imports(name):

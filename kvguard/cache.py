@@ -586,14 +586,14 @@ def _last_owner(origin, freed) -> str:
     """" (last owner 'req-7', allocated at f.py:10, freed at g.py:20)", or "" if unknown."""
     from .owners import OWNERS
     from .stacks import SITES
-    from .violation import _user_frames
+    from .violation import user_frames
 
     said = []
     label = OWNERS.labels[SITES.owner(origin)] if origin else None
     if label is not None:
         said.append(f"last owner {label!r}")
     for what, site in (("allocated", origin), ("freed", freed)):
-        frames = _user_frames(SITES.pairs(site)) if site else []
+        frames = user_frames(SITES.pairs(site)) if site else []
         if frames:
             said.append(f"{what} at {frames[0].filename}:{frames[0].lineno}")
     return f" ({', '.join(said)})" if said else ""

@@ -29,7 +29,7 @@ def _frames(stack) -> list[Frame]:
     return resolve(stack)
 
 
-def _user_frames(stack) -> list[Frame]:
+def user_frames(stack) -> list[Frame]:
     """The stack without kvguard's own frames, which say nothing about the bug."""
     if stack and not isinstance(stack[0], Frame):
         stack = [pair for pair in stack if not is_internal(pair[0])]
@@ -76,8 +76,8 @@ class BlockHistory:
             "refcount": self.refcount,
             "owner": _jsonable(self.owner),
             "last_call": self.last_call,
-            "allocated_at": [f.to_dict() for f in _user_frames(self.allocated_at)],
-            "freed_at": [f.to_dict() for f in _user_frames(self.freed_at)],
+            "allocated_at": [f.to_dict() for f in user_frames(self.allocated_at)],
+            "freed_at": [f.to_dict() for f in user_frames(self.freed_at)],
         }
 
     @classmethod
@@ -101,7 +101,7 @@ class Operation:
     call: int = 0
 
     def to_dict(self) -> dict:
-        frames = _user_frames(self.site)
+        frames = user_frames(self.site)
         return {
             "op": self.op,
             "ids": list(self.ids),
@@ -147,7 +147,7 @@ class Violation:
         )
 
     def summary(self) -> str:
-        frames = _user_frames(self.call_stack)
+        frames = user_frames(self.call_stack)
         where = f" {frames[0]}" if frames else ""
         return f"SUMMARY: kvguard: {self.kind}{where}"
 
@@ -178,7 +178,7 @@ class Violation:
         if self.history:
             lines.append("\nlast operations on this allocator, oldest first:")
             for op in self.history:
-                frames = _user_frames(op.site)
+                frames = user_frames(op.site)
                 at = f"  at {frames[0]}" if frames else ""
                 lines.append(f"    #{op.call} {op.op} {list(op.ids)}{at}")
         lines.append("")
@@ -199,7 +199,7 @@ class Violation:
             },
             "method": self.method,
             "pool": _jsonable(self.pool),
-            "call_stack": [f.to_dict() for f in _user_frames(self.call_stack)],
+            "call_stack": [f.to_dict() for f in user_frames(self.call_stack)],
             "blocks": [b.to_dict() for b in self.blocks],
             "owner": _jsonable(self.owner),
             "history": [op.to_dict() for op in self.history],
@@ -239,7 +239,7 @@ class Violation:
 
 
 def _stack_lines(stack) -> list[str]:
-    frames = _user_frames(stack)
+    frames = user_frames(stack)
     if not frames:
         return ["    <no stack recorded: stacks='off'>"]
     out = []

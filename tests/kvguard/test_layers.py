@@ -94,3 +94,15 @@ def test_the_hooks_cover_what_an_adapter_needs():
         raise AssertionError("a double free through an extra freeing method must raise")
     g.unguard()
     assert "release" not in vars(a)
+
+
+def test_no_module_imports_another_modules_private_name():
+    """Across kvguard/ and pytest_kvguard/, a name one module imports from another is public."""
+    found = []
+    for package in ("kvguard", "pytest_kvguard"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                    found += [f"{path.relative_to(ROOT)}:{node.lineno}: {a.name}"
+                              for a in node.names if _private(a.name)]
+    assert found == []

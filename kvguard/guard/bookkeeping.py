@@ -12,7 +12,7 @@ from ..ids import result_ids
 from ..spec import per_pool, read
 from . import baseline, evidence
 from .checker import check_handout
-from .decisions import settle
+from .decisions import received_as_given, settle
 from .telemetry import internal_error
 
 
@@ -56,8 +56,7 @@ def commit_release(guard, plan) -> None:
     if guard.history is not None:
         # The flight recorder keeps what the allocator received (log mode forwards a faulty
         # call untouched), so `kvguard replay` can find where the allocator went wrong.
-        received = plan.norm.ids if plan.faulty and (guard.mode == "log" or plan.aside) \
-            else ids
+        received = plan.norm.ids if received_as_given(guard, plan) else ids
         guard.history.append((clock, received, site, plan.pool, op))
     if revived:
         settle(guard, watched(guard, "on_share", plan.method, plan.pool, ledger, revived))

@@ -13,8 +13,7 @@ from ..owners import ACTIVE_OWNER
 from .arguments import MISSING
 from .bookkeeping import commit_release, follow_allocator
 from .checker import check_release
-from .decisions import protect, reject_faults, route_free
-from .telemetry import internal_error
+from .decisions import contain, drains, protect, reject_faults, route_free
 
 
 def free_slow(guard, original, args, kwargs, value):
@@ -26,9 +25,7 @@ def free_slow(guard, original, args, kwargs, value):
         site = guard._capture(2, guard._depth)
         plan = plan_release(guard, method, args, kwargs, value, f"{method}()", site)
     except Exception as exc:
-        if guard.mode == "raise":
-            raise
-        internal_error(guard, exc)
+        contain(guard, exc)
         return original(*args, **kwargs)
     return forward_release(guard, original, args, kwargs, plan)
 
@@ -41,9 +38,7 @@ def share_slow(guard, original, args, kwargs):
         site = guard._capture(2, guard._depth, ACTIVE_OWNER.get())
         plan = plan_release(guard, method, args, kwargs, value, f"{method}()", site)
     except Exception as exc:
-        if guard.mode == "raise":
-            raise
-        internal_error(guard, exc)
+        contain(guard, exc)
         return original(*args, **kwargs)
     if plan.norm.consumed:
         args, kwargs = guard._share_param.put(args, kwargs, plan.norm.materialized)
@@ -61,7 +56,7 @@ def plan_release(guard, method, args, kwargs, value, what, site):
     pool = guard._pool_of(method, args, kwargs)
     ledger = guard.ledger(pool)
     norm = normalize(value, tensor_ok=spec.tensor_ok, id_attr=spec.id_attr, skip=spec.skip,
-                     iterator_ok=spec.iterator_ok, consume=guard.mode == "repair", what=what)
+                     iterator_ok=spec.iterator_ok, consume=drains(guard), what=what)
     plan = check_release(ledger, norm, method=method, pool=pool, site=site, what=what,
                          share=method == spec.share, learn_shares=guard._learn_shares,
                          refcount_attr=spec.refcount_attr)

@@ -63,7 +63,7 @@ def settle(guard, violations, *, aside_ok: bool = True, assertion: bool = False)
     for v in violations:
         if aside:
             v.extra["stepped_aside"] = True
-        record(guard, v)
+        record(guard, v, log=guard.mode != "raise")
     if assertion or (guard.mode == "raise" and not aside):
         raise error_for(violations[0])
     return ASIDE if aside else REPAIR if guard.mode == "repair" else LOGGED
@@ -105,14 +105,26 @@ def protect(guard, step, *args):
         return None
 
 
-def site_failed(guard, exc: BaseException) -> int:
-    """A call site could not be captured: raise mode shows the guard's bug; log and repair
-    go on with an unknown site, so the call (already forwarded, for an allocation) and its
-    bookkeeping complete."""
+def contain(guard, exc: BaseException) -> int:
+    """The guard's own bug on the way through a call (reading ids, capturing a site): raise
+    mode shows it; log and repair count it and go on, the call forwarded unchecked or with an
+    unknown site (0, returned), so the caller's call and its bookkeeping complete."""
     if guard.mode == "raise":
         raise exc
     internal_error(guard, exc)
     return 0
+
+
+def drains(guard) -> bool:
+    """Whether a one-shot iterator passed as ids is drained to be read (repair mode forwards
+    the drained list; other modes report it and leave it untouched)."""
+    return guard.mode == "repair"
+
+
+def received_as_given(guard, plan) -> bool:
+    """Whether the allocator received a faulty call as the caller made it (log mode, or the
+    guard stepping aside): the flight recorder then keeps the ids as given."""
+    return plan.faulty and (guard.mode == "log" or plan.aside)
 
 
 def route_free(guard, plan, args, kwargs):

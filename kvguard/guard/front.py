@@ -242,7 +242,7 @@ class Guard:
         try:
             return SITES.capture(2, self._depth, ACTIVE_OWNER.get() if owner else 0)
         except Exception as exc:
-            return decisions.site_failed(self, exc)
+            return decisions.contain(self, exc)
 
     def commit_release(self, plan) -> None:
         """Apply a release planned by the careful path (see ``kvguard.guard.careful``)."""

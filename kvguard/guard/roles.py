@@ -25,10 +25,9 @@ from . import evidence
 from .arguments import MISSING, first_parameter
 from .bookkeeping import commit_allocation, follow_resize, forget_all
 from .careful import forward_release, plan_release
-from .decisions import REPAIR, protect, settle
+from .decisions import REPAIR, contain, protect, settle
 from .instances import engine_method
 from .shadowing import one_shot
-from .telemetry import internal_error
 
 ROLES = ("allocating", "freeing", "checking", "resetting", "resizing", "settled")
 
@@ -101,9 +100,7 @@ def _freeing(guard, name, original):
                 site = _site(guard)
                 plan = plan_release(guard, name, args, kwargs, args[0], f"{name}()", site)
             except Exception as exc:
-                if guard.mode == "raise":
-                    raise
-                internal_error(guard, exc)
+                contain(guard, exc)
                 return original(*args, **kwargs)
             return forward_release(guard, original, args, kwargs, plan)
     return wrapper
@@ -129,9 +126,7 @@ def _checking(guard, name, original):
                 found = [evidence.violation(guard, f.kind, f.block_ids, f.message, name, None,
                                             ledger, f.block_ids) for f in norm.faults]
             except Exception as exc:
-                if guard.mode == "raise":
-                    raise
-                internal_error(guard, exc)
+                contain(guard, exc)
                 found = []
             verdict = settle(guard, found)
         if verdict == REPAIR:
@@ -184,7 +179,4 @@ def _site(guard, owner=0) -> int:
     try:
         return SITES.capture(2, guard._depth, owner)
     except Exception as exc:
-        if guard.mode == "raise":
-            raise
-        internal_error(guard, exc)
-        return 0
+        return contain(guard, exc)

@@ -23,7 +23,7 @@ from ..owners import ACTIVE_OWNER
 from . import careful
 from .arguments import MISSING
 from .bookkeeping import commit_allocation
-from .decisions import protect, site_failed
+from .decisions import contain, protect
 
 
 def reduce_hook(guard):
@@ -234,7 +234,7 @@ def wrap_release(guard, original, method, param, share):
                         try:
                             site = capture(1, depth, who) if depth or who else 0
                         except Exception as exc:
-                            site = site_failed(guard, exc)
+                            site = contain(guard, exc)
                         result = original(*args, **kwargs)
                         clock = tick()
                         if share:
@@ -337,7 +337,7 @@ def wrap_alloc(guard, original):
                         try:
                             site = capture(1, depth, who) if depth or who else 0
                         except Exception as exc:
-                            site = site_failed(guard, exc)
+                            site = contain(guard, exc)
                         clock = tick()
                         if n == 1:
                             stamp[b] = clock
@@ -359,7 +359,7 @@ def wrap_alloc(guard, original):
             try:
                 site = capture(1, depth, owner_var())
             except Exception as exc:
-                site = site_failed(guard, exc)
+                site = contain(guard, exc)
             seen, result = one_shot(result)
             protect(guard, commit_allocation, guard, args, kwargs, seen, site)
             return result

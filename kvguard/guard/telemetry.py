@@ -77,8 +77,8 @@ def internal_error(guard, exc: BaseException) -> None:
 
 
 class Journal:
-    """A guard's violations: the last ``keep`` of them, counted by kind, logged when the guard
-    does not raise (the first occurrence of each kind and call site, then one in ``every``)."""
+    """A guard's violations: the last ``keep`` of them; ``log`` writes the first occurrence
+    of each kind and call site, then one in ``every``."""
 
     __slots__ = ("kept", "every", "logged")
 
@@ -96,11 +96,11 @@ class Journal:
             emit(logging.WARNING, "%s%s", violation.render(), again)
 
 
-def record(guard, violation) -> None:
-    """Keep, count, log (outside raise mode) and publish one violation."""
+def record(guard, violation, *, log: bool) -> None:
+    """Keep, count, log (when told: the guard does not raise it) and publish one violation."""
     guard.journal.kept.append(violation)
     guard.stats.violations[violation.kind] += 1
-    if guard.mode != "raise":
+    if log:
         guard.journal.log(violation)
     for callback in list(_subscribers):
         try:

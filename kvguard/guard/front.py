@@ -23,7 +23,7 @@ from ..marks import ATTR, guard_of
 from ..owners import ACTIVE_OWNER
 from ..spec import DEFAULT_SPEC, AllocatorSpec, per_pool, read
 from ..stacks import DEPTH, SITES
-from . import baseline, bookkeeping, decisions, evidence, roles, shadowing
+from . import baseline, bookkeeping, careful, decisions, evidence, roles, shadowing
 from .arguments import MISSING, Param, pool_key
 from .decisions import MODES
 from .instances import GUARDS, engine_method
@@ -244,8 +244,18 @@ class Guard:
         except Exception as exc:
             return decisions.contain(self, exc)
 
+    def plan_release(self, method: str, ids, site: int = 0, args=(), kwargs=None):
+        """Check ids given back through ``method`` (a method of your own that frees; ``args``
+        and ``kwargs`` of the call give its sub-pool) and settle what is wrong per mode: raise
+        mode raises. Returns the plan: ``plan.good + plan.learned`` are the ids to forward,
+        ``plan.faulty`` says whether anything was wrong; ``commit_release(plan)`` once the
+        allocator took them."""
+        with self.lock:
+            return careful.plan_release(self, method, args, kwargs or {}, ids, f"{method}()",
+                                        site)
+
     def commit_release(self, plan) -> None:
-        """Apply a release planned by the careful path (see ``kvguard.guard.careful``)."""
+        """Record a planned release in the ledger, counters and flight recorder."""
         with self.lock:
             bookkeeping.commit_release(self, plan)
 

@@ -11,6 +11,7 @@ import ast
 from pathlib import Path
 
 import kvguard
+from kvguard import kinds
 from kvguard.examples import LINKED_FREE_LIST_SPEC, REFCOUNTED_POOL_SPEC, RefcountedPool
 from kvguard.ledger import Ledger
 
@@ -106,3 +107,35 @@ def test_no_module_imports_another_modules_private_name():
                     found += [f"{path.relative_to(ROOT)}:{node.lineno}: {a.name}"
                               for a in node.names if _private(a.name)]
     assert found == []
+
+
+def test_a_wrapper_built_on_the_low_level_hooks_checks_and_records():
+    """capture_site, plan_release, commit_release and commit_allocation: what a hand-written
+    wrapper needs, with no private member of the guard."""
+    from kvguard.examples import LinkedFreeList
+
+    a = LinkedFreeList(4)
+    g = kvguard.guard(a, LINKED_FREE_LIST_SPEC, on_violation="repair")
+    raw_free, raw_allocate = g.allocator.free.__wrapped__, g.allocator.allocate.__wrapped__
+
+    def take(n):
+        with g.lock:
+            ids = raw_allocate(n)
+            g.commit_allocation("take", ids, g.capture_site())
+            return ids
+
+    def give_back(ids):
+        with g.lock:
+            plan = g.plan_release("give_back", ids, g.capture_site())
+            kept = plan.good + plan.learned
+            raw_free(kept)
+            g.commit_release(plan)
+            return kept
+
+    ids = take(2)
+    assert sorted(g.live) == sorted(ids) and g.stats.alloc_calls == 1
+    assert give_back([ids[0], ids[0]]) == [ids[0]]  # repaired: the duplicate is dropped
+    assert [v.kind for v in g.violations] == [kinds.DUPLICATE_ID]
+    assert g.violations[0].method == "give_back"
+    assert list(g.live) == [ids[1]] and a.free_blocks == 3
+    g.check()

@@ -18,11 +18,17 @@ environment:
   ``tests/v1/core`` builds configs from (``facebook/opt-125m``, ``llava-hf/llava-1.5-7b-hf``),
   written from transformers' own ``OPTConfig()`` / ``LlavaConfig()`` defaults (those are the
   sizes of these two checkpoints); ``HF_HUB_OFFLINE=1`` keeps every other lookup local.
+- For SGLang's allocator tests (``sglang.test.test_utils`` imports the world): IPython and
+  ``datasets`` in the venv, ``gguf`` and PyPI's torchvision in a folder of their own with
+  stand-ins for the two CUDA libraries that torchvision's compiled ops link against (see
+  ``sglang_deps``).
 
 SGLang's and DeepSpeed's suites are taken from where they are found (``--sglang-tests``,
 ``--deepspeed-tests``: a checkout's test file or folder); a suite whose sources are missing is
 reported as such. ``run`` prints, per suite: tests, failures plain and guarded, the failures only
 the guarded run has (each one listed), tests with leaks reported, and guarded/plain wall time.
+``--together`` runs each suite's plain and guarded run at the same time (one core each: the same
+load on both, and half the wall time on a busy machine); ``--only`` picks suites.
 """
 
 from __future__ import annotations
@@ -31,12 +37,14 @@ import argparse
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,6 +90,8 @@ def setup(args) -> None:
     sglang = sorted(CACHE.glob("sglang-0.5.23-*.whl"))
     if sglang:
         sh(python, "-m", "pip", "install", "--no-deps", sglang[-1])
+        sh(python, "-m", "pip", "install", "-c", constraints, "IPython", "datasets")
+        sglang_deps(python, torch.__version__)
     deepspeed = CACHE / "deepspeed-0.19.8.tar.gz"
     if deepspeed.exists():
         sh(python, "-m", "pip", "install", "-c", constraints, "hjson", "msgpack", "einops")
@@ -107,6 +117,55 @@ def vllm_sdist() -> Path:
             shutil.copytree(Path(trees[0]) / part, target / part, dirs_exist_ok=True)
         shutil.copy(Path(trees[0]) / "pyproject.toml", target)  # its pytest settings
     return target
+
+
+def sglang_deps(python: Path, torch_version: str) -> None:
+    """What SGLang's ``sglang.test.test_utils`` (imported by its allocator tests) needs beyond its
+    wheel and the venv: ``gguf`` and ``torchvision``. They go into a folder of their own, put on
+    the SGLang suite's ``PYTHONPATH`` only: transformers imports torchvision whenever it finds it,
+    which would change what vLLM's suite runs.
+
+    PyPI's torchvision is a CUDA build: its ``_C.so`` needs ``libc10_cuda.so`` and
+    ``libtorch_cuda.so``, which CPU torch lacks, and without ``_C`` ``import torchvision`` fails
+    ("operator torchvision::nms does not exist"; older releases fail the same way). The CPU
+    builds are not on PyPI. So the suite gets stand-ins for those two libraries (on its
+    ``LD_LIBRARY_PATH`` only): one library defining each symbol ``_C.so`` takes from them, every
+    function aborting if it is ever called (nothing on CPU calls them; the allocator tests never
+    touch torchvision), and the wheel's bundled ``libcudart`` under the name ``_C.so`` asks for."""
+    minor = int(torch_version.split(".")[1])
+    torchvision = f"torchvision==0.{minor + 15}.*"  # torch 2.N pairs with torchvision 0.(N+15)
+    target = WORK / "sglang-deps"
+    sh(python, "-m", "pip", "install", "--no-deps", "--upgrade", "--target", target, torchvision,
+       "gguf")
+    stubs = target / "cuda-stubs"
+    stubs.mkdir(exist_ok=True)
+    ext = target / "torchvision" / "_C.so"
+    torch_lib = subprocess.run([python, "-c", "import os, torch; print(os.path.dirname("
+                                "torch.__file__))"], capture_output=True, text=True,
+                               check=True).stdout.strip() + "/lib"
+    found = subprocess.run(["ldd", ext], capture_output=True, text=True,
+                           env=dict(os.environ, LD_LIBRARY_PATH=torch_lib)).stdout
+    provided = set()  # every symbol the libraries that do resolve (torch's, the system's) define
+    for lib in re.findall(r"=> (/\S+)", found):
+        provided |= set(subprocess.run(["nm", "-D", "--defined-only", "--format=just-symbols",
+                                        lib], capture_output=True, text=True).stdout.split())
+    mangled, demangled = (subprocess.run(
+        ["nm", "-D", "--undefined-only", *flag, ext], capture_output=True, text=True,
+        check=True).stdout.splitlines() for flag in ([], ["-C"]))
+    source = ["#include <stdlib.h>"]
+    for line, readable in zip(mangled, demangled):
+        kind, name = line.split()[-2:]
+        if kind != "U" or "@" in name or name in provided:
+            continue  # weak, a versioned system symbol, or one torch itself has
+        source.append(f"void {name}(void) {{ abort(); }}" if "(" in readable
+                      else f"void *{name} = 0;")  # a variable: c10's CUDA allocator pointer
+    (stubs / "stubs.c").write_text("\n".join(source) + "\n")
+    sh("cc", "-shared", "-fPIC", "-o", stubs / "libtorch_cuda.so", stubs / "stubs.c")
+    sh("cc", "-shared", "-fPIC", "-o", stubs / "libc10_cuda.so", "-x", "c", "/dev/null")
+    dynamic = subprocess.run(["readelf", "-d", ext], capture_output=True, text=True).stdout
+    for needed in re.findall(r"Shared library: \[(libcudart[^]]*)\]", dynamic):
+        bundled = sorted((target / "torchvision.libs").glob("libcudart*.so*"))
+        shutil.copy(bundled[-1], stubs / needed)
 
 
 def hf_cache() -> None:
@@ -137,8 +196,10 @@ def suites(args) -> list[dict]:
     }]
     if args.sglang_tests:
         path = Path(args.sglang_tests).resolve()
+        deps = WORK / "sglang-deps"  # see sglang_deps: on this suite's paths only
         out.append({"name": "SGLang 0.5.23 test_allocator_cpu.py", "cwd": path.parent,
-                    "args": [path.name], "env": {}})
+                    "args": [path.name], "path": [str(deps)],
+                    "env": {"LD_LIBRARY_PATH": str(deps / "cuda-stubs")}})
     if args.deepspeed_tests:
         path = Path(args.deepspeed_tests).resolve()  # .../tests, whose pytest.ini it needs
         out.append({"name": "DeepSpeed 0.19.8 tests/unit/inference/v2/ragged", "cwd": path,
@@ -155,7 +216,8 @@ def run_suite(suite, python, guarded: bool, out: Path) -> dict:
     if guarded:
         cmd += ["-p", "kvguard", f"--kvguard-report={report}"]
     env = dict(os.environ, **suite["env"])
-    paths = [str(ROOT), str(Path(__file__).parent), str(suite["cwd"]), env.get("PYTHONPATH")]
+    paths = [str(ROOT), str(Path(__file__).parent), str(suite["cwd"]), *suite.get("path", ()),
+             env.get("PYTHONPATH")]
     env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
     start = time.perf_counter()
     subprocess.run([str(c) for c in cmd], cwd=suite["cwd"], env=env,
@@ -181,13 +243,20 @@ def run(args) -> None:
     python = Path(args.venv) / "bin" / "python"
     rows = []
     for suite in suites(args):
+        if args.only and suite["name"].split()[0].lower() not in args.only:
+            continue
         if not Path(suite["cwd"]).is_dir():
             rows.append((suite["name"], "missing: run setup / pass its tests"))
             continue
         out = Path(args.out) / suite["name"].split()[0].lower()
         out.mkdir(parents=True, exist_ok=True)
-        plain = run_suite(suite, python, False, out)
-        guarded = run_suite(suite, python, True, out)
+        if args.together:  # same load on both runs, and half the wall time on a busy machine
+            with ThreadPoolExecutor(2) as pool:
+                plain, guarded = pool.map(lambda g: run_suite(suite, python, g, out), (False, True))
+        else:
+            plain = run_suite(suite, python, False, out)
+            guarded = run_suite(suite, python, True, out)
+        (out / "results.json").write_text(json.dumps({"plain": plain, "guarded": guarded}))
         rows.append((suite["name"], plain, guarded))
     print(table(rows))
 
@@ -224,6 +293,10 @@ def main() -> None:
     parser.add_argument("command", choices=("setup", "run", "hf-cache"))
     parser.add_argument("--venv", default="/work/venv-upstream")
     parser.add_argument("--out", default=str(WORK / "results"))
+    parser.add_argument("--together", action="store_true",
+                        help="run each suite plain and guarded at the same time (one core each)")
+    parser.add_argument("--only", nargs="*", choices=("vllm", "sglang", "deepspeed"),
+                        help="run these suites only")
     parser.add_argument("--vllm-tests", nargs="*", default=None,
                         help="paths inside vLLM's sdist to run instead of tests/v1/core")
     parser.add_argument("--sglang-tests", default=None,

@@ -56,8 +56,9 @@ def import_graph(root: Path, package: str) -> dict[str, dict[str, int]]:
     """``{module: {imported module of the same package: line of the import}}``.
 
     ``from pkg import name`` depends on ``pkg.name`` when that is a module, else on ``pkg``.
-    A module's own enclosing packages are left out: Python always starts running them first,
-    so reading a name off one (``from . import __version__``) cannot close a cycle."""
+    Importing ``a.b.c`` from outside ``a.b`` runs ``a.b`` first: that package is a dependency
+    too. A module's own enclosing packages are left out: Python always starts running them
+    first, so reading a name off one (``from . import __version__``) cannot close a cycle."""
     modules = module_files(root, package)
     graph: dict[str, dict[str, int]] = {name: {} for name in modules}
     for name, path in modules.items():
@@ -79,6 +80,11 @@ def import_graph(root: Path, package: str) -> dict[str, dict[str, int]]:
                 target = target.rpartition(".")[0]
             if target and target != name and target not in ancestors:
                 graph[name].setdefault(target, line)
+                parts = target.split(".")
+                for end in range(2, len(parts)):  # the packages that import runs on the way
+                    above = ".".join(parts[:end])
+                    if above in modules and above not in ancestors and above != name:
+                        graph[name].setdefault(above, line)
     return graph
 
 
@@ -117,7 +123,7 @@ def describe(graph, cycle: list[str], root: Path) -> str:
     return "import cycle: " + " -> ".join(cycle) + "\n" + "\n".join(steps)
 
 
-@pytest.mark.parametrize("package", ["kvguard", "pytest_kvguard"])
+@pytest.mark.parametrize("package", ["kvguard", "pytest_kvguard", "flake8_kvguard"])
 def test_no_import_cycles(package):
     graph = import_graph(REPO, package)
     assert len(graph) > 5  # the package was found and read
@@ -185,7 +191,7 @@ def test_a_cycle_hidden_in_a_function_is_found(tmp_path):
         "pkg/sub/c.py": "from pkg import a\n\ndef three():\n    return 3\n",
     })
     graph = import_graph(tmp_path, "pkg")
-    assert graph["pkg.b"] == {"pkg.sub.c": 2}
+    assert graph["pkg.b"] == {"pkg.sub.c": 2, "pkg.sub": 2}  # the import runs pkg.sub too
     cycle = find_cycle(graph)
     assert cycle == ["pkg.a", "pkg.b", "pkg.sub.c", "pkg.a"]
     text = describe(graph, cycle, tmp_path)
@@ -205,3 +211,16 @@ def test_one_way_imports_and_type_checking_imports_are_no_cycle(tmp_path):
     assert graph["pkg.a"] == {"pkg.b": 2}
     assert graph["pkg.c"] == {"pkg.a": 1}
     assert find_cycle(graph) is None
+
+
+def test_importing_a_submodule_depends_on_the_packages_it_runs(tmp_path):
+    write_package(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/user.py": "from .sub.leaf import x\n",
+        "pkg/sub/__init__.py": "from .. import user\n",
+        "pkg/sub/leaf.py": "x = 1\n",
+    })
+    graph = import_graph(tmp_path, "pkg")
+    assert graph["pkg.user"] == {"pkg.sub.leaf": 1, "pkg.sub": 1}
+    assert graph["pkg.sub.leaf"] == {}
+    assert find_cycle(graph) == ["pkg.sub", "pkg.user", "pkg.sub"]

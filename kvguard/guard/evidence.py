@@ -14,16 +14,13 @@ from __future__ import annotations
 
 from ..owners import current_owner
 from ..stacks import SITES, raw_stack
-from ..violation import Operation, Violation
+from ..violation import MAX_BLOCKS_DETAILED, Operation, Violation
 
 OPS = ("allocate", "free", "share", "reset")
 """The steps a flight-recorder entry names, as ``kvguard replay`` reads them."""
 
 VIOLATION_STACK_DEPTH = {"off": 1, "cheap": 24, "full": 128}
 """Frames kept for the stack of the call that broke a rule: rare, so richer than hot-path sites."""
-
-DETAILED = 4
-"""Blocks whose own history a violation carries."""
 
 
 def operation(entry) -> Operation:
@@ -38,11 +35,11 @@ def operations(history) -> list:
 
 
 def block_histories(ledger, ids, *, with_frees: bool = True) -> list:
-    """What the ledger knows of the first ``DETAILED`` distinct blocks of ``ids`` it has seen:
-    state, references, owner, the call that last changed it, where it was handed out and (with
-    ``with_frees``) where it was last freed."""
+    """What the ledger knows of the first ``MAX_BLOCKS_DETAILED`` distinct blocks of ``ids`` it
+    has seen (those a report details): state, references, owner, the call that last changed it,
+    where it was handed out and (with ``with_frees``) where it was last freed."""
     return [ledger.history(b, with_frees=with_frees)
-            for b in list(dict.fromkeys(ids))[:DETAILED] if ledger.seen(b)]
+            for b in list(dict.fromkeys(ids))[:MAX_BLOCKS_DETAILED] if ledger.seen(b)]
 
 
 def violation(guard, kind, block_ids, message, method, pool, ledger, detail_ids) -> Violation:

@@ -37,6 +37,9 @@ def wrap_method(guard, name, role, *, convert=None, when=None, pool=None) -> Non
     instance lacks (another version of the engine) is left alone."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
+    if role == "settled" and not callable(when):
+        raise TypeError(f"{name}(): the settled role needs when=, a callable taking the "
+                        f"allocator, not {when!r}")
     if role == "freeing" and guard._free_param.pos != 0:
         raise TypeError(f"{name}(): extra freeing methods need the spec's free_arg at "
                         "position 0")

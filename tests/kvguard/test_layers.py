@@ -139,3 +139,23 @@ def test_a_wrapper_built_on_the_low_level_hooks_checks_and_records():
     assert g.violations[0].method == "give_back"
     assert list(g.live) == [ids[1]] and a.free_blocks == 3
     g.check()
+
+
+def test_wrap_method_refuses_what_it_cannot_guard_and_changes_nothing():
+    from kvguard.examples import LinkedFreeList
+
+    a = LinkedFreeList(4)
+    g = kvguard.guard(a, LINKED_FREE_LIST_SPEC)
+    before = dict(vars(a))
+    for name, role, options, error in (
+            ("free", "freeing", {}, TypeError),          # the spec's own method
+            ("allocate_more", "shredding", {}, ValueError),  # no such role
+            ("allocate_more", "settled", {}, TypeError),     # settled needs when=
+    ):
+        try:
+            g.wrap_method(name, role, **options)
+        except error as exc:
+            assert str(exc)
+        else:
+            raise AssertionError(f"{role} of {name} must be refused")
+    assert vars(a) == before

@@ -79,8 +79,15 @@ def _is_state(node, owner) -> bool:
 
 
 def guards(function, names) -> bool:
-    """A raise, an assert or a de-duplication anywhere, or a loop over the ids that
-    skips some (`if ...: continue`)."""
+    """A raise, an assert or a de-duplication anywhere, or a `continue` (a loop that skips
+    some). In a loop over the ids, a skip on a test that only tells a kind of block
+    (`if block.is_null: continue`, `if block.pool is not self: continue`) lets a repeated
+    id through and is no check."""
+    kinds_only = set()
+    for loop, _ in loops_over(function, names):
+        for node in walk(loop.body):
+            if type(node) is cst.If and _tests_kind_only(node.test):
+                kinds_only.update(id(n) for n in walk(node.body) if type(n) is cst.Continue)
     for node in walk(function.body):
         kind = type(node)
         if kind in (cst.Raise, cst.Assert):
@@ -89,8 +96,40 @@ def guards(function, names) -> bool:
             dotted = dotted_name(node.func)
             if dotted is not None and dotted.rpartition(".")[2] in DEDUP_CALLS:
                 return True
-        if kind is cst.Continue:
+        if kind is cst.Continue and id(node) not in kinds_only:
             return True
+    return False
+
+
+STATE_WORDS = ("free", "release", "ref", "count", "alloc", "use", "live", "owner", "hold")
+"""Words in a flag's name that speak of a block's state (`block.freed`, `block.in_use`): a
+skip on such a flag can be a repeat check."""
+
+
+def _tests_kind_only(test) -> bool:
+    """A condition that reads only flags and identities of the item (`block.is_null`,
+    `block.pool is not self`, `x is None`), never state that changes when a block is freed:
+    no membership test, no comparison of values, no call, no subscript, no flag named for
+    state."""
+    kind = type(test)
+    if kind is cst.BooleanOperation:
+        return _tests_kind_only(test.left) and _tests_kind_only(test.right)
+    if kind is cst.UnaryOperation and type(test.operator) is cst.Not:
+        return _tests_kind_only(test.expression)
+    if kind is cst.Comparison:
+        return _is_flag_or_name(test.left) and all(
+            type(c.operator) in (cst.Is, cst.IsNot) and _is_flag_or_name(c.comparator)
+            for c in test.comparisons)
+    return _is_flag_or_name(test)
+
+
+def _is_flag_or_name(node) -> bool:
+    kind = type(node)
+    if kind is cst.Name:
+        return True
+    if kind is cst.Attribute and type(node.value) is cst.Name:
+        name = node.attr.value.lower()
+        return not any(word in name for word in STATE_WORDS)
     return False
 
 

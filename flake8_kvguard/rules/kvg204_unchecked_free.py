@@ -7,8 +7,10 @@ still uses it (the class of vllm#42571). The same holds for a free that pushes e
 id, or the whole batch, on a free list without any validation. Reject repeats (and
 already-free ids) before changing state. What it cannot know: whether callers can
 pass a repeat, or whether the free list itself tolerates one (a set does: `add` is
-not counted as a push); any raise, assert, `continue` or de-duplication in the
-method counts as a check.
+not counted as a push); any raise, assert or de-duplication in the method counts as
+a check, and so does a `continue`, unless it is in the loop over the ids and its
+condition only tells a kind of block (a flag or an identity of the item:
+`if block.is_null: continue`), which lets a repeat through.
 """
 
 from .. import freeing
@@ -41,6 +43,20 @@ class TokenAllocator:
     def free(self, free_index: torch.Tensor) -> None:
         self.free_pages = torch.cat((self.free_pages, free_index))
 """,
+    """\
+from typing import Iterable
+
+class BlockPool:
+    def free_blocks(self, ordered_blocks: Iterable["KVCacheBlock"]) -> None:
+        for block in ordered_blocks:
+            if block.is_null:  # skips a kind of block, not a repeat
+                continue
+            if block.pool is not None and block.pool is not self:
+                continue
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self.free_block_queue.append(block)
+""",
 ]
 GOOD = [
     """\
@@ -61,6 +77,14 @@ class SlotPool:
     def free(self, slots: list) -> None:
         for slot in slots:
             self.free_slots.add(slot)  # a set keeps one of each
+""",
+    """\
+class SlotPool:
+    def free(self, slots: list) -> None:
+        for slot in slots:
+            if slot in self.free_slots:  # already free, or a repeat: skipped
+                continue
+            self.free_slots.append(slot)
 """,
 ]
 

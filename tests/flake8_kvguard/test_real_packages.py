@@ -46,6 +46,7 @@ EXPECTED = {
     ],
     # The same on the whole packages as on their KV-cache modules.
     "vllm": [
+        "vllm/v1/core/block_pool.py:816:9: KVG204",
         "vllm/v1/hisparse/coordinator.py:244:50: KVG102",
         "vllm/v1/simple_kv_offload/manager.py:1353:45: KVG102",
     ],

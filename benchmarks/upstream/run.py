@@ -14,14 +14,16 @@ environment:
 - vLLM's ``tests/`` from the 0.33.0 sdist: ``pip download --no-binary :all: --no-clean`` fetches
   and unpacks it, its metadata build fails (it needs a Rust toolchain), and the unpacked tree is
   left behind for us to copy ``tests/`` out of.
-- An offline Hugging Face cache holding only a ``config.json`` for the two model ids vLLM's
-  ``tests/v1/core`` builds configs from (``facebook/opt-125m``, ``llava-hf/llava-1.5-7b-hf``),
-  written from transformers' own ``OPTConfig()`` / ``LlavaConfig()`` defaults (those are the
-  sizes of these two checkpoints); ``HF_HUB_OFFLINE=1`` keeps every other lookup local.
+- An offline Hugging Face cache holding only a ``config.json`` for each model id vLLM's
+  ``tests/v1/core`` builds a ``ModelConfig`` from (``MODELS``: OPT, Llava and five Qwen ids),
+  written by transformers' own config classes: their defaults, with the real checkpoint's sizes
+  where those differ (see ``MODELS``); ``HF_HUB_OFFLINE=1`` keeps every other lookup local.
 - For SGLang's allocator tests (``sglang.test.test_utils`` imports the world): IPython and
   ``datasets`` in the venv, ``gguf`` and PyPI's torchvision in a folder of their own with
   stand-ins for the two CUDA libraries that torchvision's compiled ops link against (see
-  ``sglang_deps``).
+  ``sglang_deps``). vLLM's suite gets the same folder: vLLM requires torchvision
+  (``requirements/cpu.txt``), and without it the Llava and Qwen2.5-VL architectures cannot be
+  inspected (transformers' Pixtral image processor imports it).
 
 SGLang's and DeepSpeed's suites are taken from where they are found (``--sglang-tests``,
 ``--deepspeed-tests``: a checkout's test file or folder); a suite whose sources are missing is
@@ -51,9 +53,38 @@ ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("KVGUARD_ENGINE_CACHE") or "~/.cache/kvguard-engines").expanduser()
 WORK = CACHE / "upstream"
 VLLM_PIN = "vllm==0.33.0"
+# The model ids vLLM's tests/v1/core builds a ModelConfig from (``Qwen/Qwen3-0.6B`` is
+# ModelConfig's own default): the transformers config class, the architecture, and the real
+# checkpoint's published values wherever the class default differs in what vLLM derives the KV
+# cache's shape or the length limit from (layers, heads, head size, hidden size, the position
+# limit, mrope). Everything else is the class default; the tests build their own KV cache specs,
+# so those defaults only have to make a valid config. No weights, no tokenizer.
 MODELS = {
-    "facebook/opt-125m": ("OPTConfig", "OPTForCausalLM"),
-    "llava-hf/llava-1.5-7b-hf": ("LlavaConfig", "LlavaForConditionalGeneration"),
+    "facebook/opt-125m": ("OPTConfig", "OPTForCausalLM", {}),  # the default is this checkpoint
+    "facebook/opt-350m": ("OPTConfig", "OPTForCausalLM", {
+        "hidden_size": 1024, "ffn_dim": 4096, "num_hidden_layers": 24,
+        "num_attention_heads": 16, "word_embed_proj_dim": 512, "do_layer_norm_before": False}),
+    "llava-hf/llava-1.5-7b-hf": ("LlavaConfig", "LlavaForConditionalGeneration", {}),
+    "Qwen/Qwen3-0.6B": ("Qwen3Config", "Qwen3ForCausalLM", {
+        "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+        "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+        "max_position_embeddings": 40960, "max_window_layers": 28, "tie_word_embeddings": True,
+        "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}}),
+    "Qwen/Qwen1.5-7B": ("Qwen2Config", "Qwen2ForCausalLM", {
+        "intermediate_size": 11008, "max_window_layers": 28,
+        "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}}),
+    "Qwen/Qwen2.5-VL-3B-Instruct": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", {
+        "tie_word_embeddings": True, "text_config": {
+            "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
+            "num_attention_heads": 16, "num_key_value_heads": 2, "vocab_size": 151936,
+            "max_position_embeddings": 128000,
+            "tie_word_embeddings": True, "rope_parameters": {
+                "rope_theta": 1000000.0, "rope_type": "default", "mrope_section": [16, 24, 24]}},
+        "vision_config": {"out_hidden_size": 2048}}),
+    "Qwen/Qwen3-Next-80B-A3B-Instruct": ("Qwen3NextConfig", "Qwen3NextForCausalLM", {
+        "max_position_embeddings": 262144,
+        "rope_parameters": {"rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+                            "rope_type": "default"}}),
 }
 
 
@@ -87,11 +118,11 @@ def setup(args) -> None:
        src / "requirements" / "common.txt", "tblib", "pytest-asyncio", "pytest-timeout")
     sh(python, __file__, "hf-cache")  # transformers is in the new venv only
     # SGLang's and DeepSpeed's packages, for their suites (their tests come from a checkout).
+    sglang_deps(python, torch.__version__)  # torchvision: vLLM's suite needs it too
     sglang = sorted(CACHE.glob("sglang-0.5.23-*.whl"))
     if sglang:
         sh(python, "-m", "pip", "install", "--no-deps", sglang[-1])
         sh(python, "-m", "pip", "install", "-c", constraints, "IPython", "datasets")
-        sglang_deps(python, torch.__version__)
     deepspeed = CACHE / "deepspeed-0.19.8.tar.gz"
     if deepspeed.exists():
         sh(python, "-m", "pip", "install", "-c", constraints, "hjson", "msgpack", "einops")
@@ -122,8 +153,10 @@ def vllm_sdist() -> Path:
 def sglang_deps(python: Path, torch_version: str) -> None:
     """What SGLang's ``sglang.test.test_utils`` (imported by its allocator tests) needs beyond its
     wheel and the venv: ``gguf`` and ``torchvision``. They go into a folder of their own, put on
-    the SGLang suite's ``PYTHONPATH`` only: transformers imports torchvision whenever it finds it,
-    which would change what vLLM's suite runs.
+    the suites' ``PYTHONPATH`` (never into the venv: a pip install there while a suite is
+    collecting breaks it). vLLM's suite gets it too: vLLM requires torchvision, and its Llava and
+    Qwen2.5-VL model classes (whose architectures ``ModelConfig`` inspects) import it through
+    transformers' image processors.
 
     PyPI's torchvision is a CUDA build: its ``_C.so`` needs ``libc10_cuda.so`` and
     ``libtorch_cuda.so``, which CPU torch lacks, and without ``_C`` ``import torchvision`` fails
@@ -172,10 +205,12 @@ def hf_cache() -> None:
     import transformers
 
     hub = WORK / "hf" / "hub"
-    for model, (config_class, arch) in MODELS.items():
+    for model, (config_class, arch, real) in MODELS.items():
         snap = hub / f"models--{model.replace('/', '--')}" / "snapshots" / "offline"
         snap.mkdir(parents=True, exist_ok=True)
-        config = getattr(transformers, config_class)().to_dict()
+        # Built by the class itself, so what follows from a real value (layer_types from the
+        # layer count, a sub-config's other defaults) is derived as for the checkpoint.
+        config = getattr(transformers, config_class)(**real).to_dict()
         config["architectures"] = [arch]
         (snap / "config.json").write_text(json.dumps(config, indent=1, default=str))
         refs = snap.parents[1] / "refs"
@@ -187,19 +222,20 @@ def hf_cache() -> None:
 
 
 def suites(args) -> list[dict]:
+    deps = WORK / "sglang-deps"  # torchvision and its CUDA stand-ins: see sglang_deps
+    with_deps = {"path": [str(deps)], "env": {"LD_LIBRARY_PATH": str(deps / "cuda-stubs")}}
     out = [{
         "name": "vLLM 0.33.0 tests/v1/core",
         "cwd": WORK / "vllm-0.33.0",
         "args": args.vllm_tests or ["tests/v1/core"],
+        "path": with_deps["path"],
         "env": {"VLLM_TARGET_DEVICE": "cpu", "HF_HOME": str(WORK / "hf"), "HF_HUB_OFFLINE": "1",
-                "TRANSFORMERS_OFFLINE": "1"},
+                "TRANSFORMERS_OFFLINE": "1", **with_deps["env"]},
     }]
     if args.sglang_tests:
         path = Path(args.sglang_tests).resolve()
-        deps = WORK / "sglang-deps"  # see sglang_deps: on this suite's paths only
         out.append({"name": "SGLang 0.5.23 test_allocator_cpu.py", "cwd": path.parent,
-                    "args": [path.name], "path": [str(deps)],
-                    "env": {"LD_LIBRARY_PATH": str(deps / "cuda-stubs")}})
+                    "args": [path.name], **with_deps})
     if args.deepspeed_tests:
         path = Path(args.deepspeed_tests).resolve()  # .../tests, whose pytest.ini it needs
         out.append({"name": "DeepSpeed 0.19.8 tests/unit/inference/v2/ragged", "cwd": path,

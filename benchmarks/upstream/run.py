@@ -21,9 +21,7 @@ environment:
 - For SGLang's allocator tests (``sglang.test.test_utils`` imports the world): IPython and
   ``datasets`` in the venv, ``gguf`` and PyPI's torchvision in a folder of their own with
   stand-ins for the two CUDA libraries that torchvision's compiled ops link against (see
-  ``sglang_deps``). vLLM's suite gets the same folder: vLLM requires torchvision
-  (``requirements/cpu.txt``), and without it the Llava and Qwen2.5-VL architectures cannot be
-  inspected (transformers' Pixtral image processor imports it).
+  ``sglang_deps``).
 
 SGLang's and DeepSpeed's suites are taken from where they are found (``--sglang-tests``,
 ``--deepspeed-tests``: a checkout's test file or folder); a suite whose sources are missing is
@@ -118,11 +116,11 @@ def setup(args) -> None:
        src / "requirements" / "common.txt", "tblib", "pytest-asyncio", "pytest-timeout")
     sh(python, __file__, "hf-cache")  # transformers is in the new venv only
     # SGLang's and DeepSpeed's packages, for their suites (their tests come from a checkout).
-    sglang_deps(python, torch.__version__)  # torchvision: vLLM's suite needs it too
     sglang = sorted(CACHE.glob("sglang-0.5.23-*.whl"))
     if sglang:
         sh(python, "-m", "pip", "install", "--no-deps", sglang[-1])
         sh(python, "-m", "pip", "install", "-c", constraints, "IPython", "datasets")
+        sglang_deps(python, torch.__version__)
     deepspeed = CACHE / "deepspeed-0.19.8.tar.gz"
     if deepspeed.exists():
         sh(python, "-m", "pip", "install", "-c", constraints, "hjson", "msgpack", "einops")
@@ -153,10 +151,10 @@ def vllm_sdist() -> Path:
 def sglang_deps(python: Path, torch_version: str) -> None:
     """What SGLang's ``sglang.test.test_utils`` (imported by its allocator tests) needs beyond its
     wheel and the venv: ``gguf`` and ``torchvision``. They go into a folder of their own, put on
-    the suites' ``PYTHONPATH`` (never into the venv: a pip install there while a suite is
-    collecting breaks it). vLLM's suite gets it too: vLLM requires torchvision, and its Llava and
-    Qwen2.5-VL model classes (whose architectures ``ModelConfig`` inspects) import it through
-    transformers' image processors.
+    the SGLang suite's ``PYTHONPATH`` only: transformers imports torchvision whenever it finds it,
+    which would change what vLLM's suite runs. (It would let ``ModelConfig`` inspect the Llava
+    and Qwen2.5-VL architectures, but vLLM's multimodal scheduler tests then need those models'
+    tokenizer and image-processor files, which are not config: they stay out.)
 
     PyPI's torchvision is a CUDA build: its ``_C.so`` needs ``libc10_cuda.so`` and
     ``libtorch_cuda.so``, which CPU torch lacks, and without ``_C`` ``import torchvision`` fails
@@ -222,20 +220,19 @@ def hf_cache() -> None:
 
 
 def suites(args) -> list[dict]:
-    deps = WORK / "sglang-deps"  # torchvision and its CUDA stand-ins: see sglang_deps
-    with_deps = {"path": [str(deps)], "env": {"LD_LIBRARY_PATH": str(deps / "cuda-stubs")}}
     out = [{
         "name": "vLLM 0.33.0 tests/v1/core",
         "cwd": WORK / "vllm-0.33.0",
         "args": args.vllm_tests or ["tests/v1/core"],
-        "path": with_deps["path"],
         "env": {"VLLM_TARGET_DEVICE": "cpu", "HF_HOME": str(WORK / "hf"), "HF_HUB_OFFLINE": "1",
-                "TRANSFORMERS_OFFLINE": "1", **with_deps["env"]},
+                "TRANSFORMERS_OFFLINE": "1"},
     }]
     if args.sglang_tests:
         path = Path(args.sglang_tests).resolve()
+        deps = WORK / "sglang-deps"  # see sglang_deps: on this suite's paths only
         out.append({"name": "SGLang 0.5.23 test_allocator_cpu.py", "cwd": path.parent,
-                    "args": [path.name], **with_deps})
+                    "args": [path.name], "path": [str(deps)],
+                    "env": {"LD_LIBRARY_PATH": str(deps / "cuda-stubs")}})
     if args.deepspeed_tests:
         path = Path(args.deepspeed_tests).resolve()  # .../tests, whose pytest.ini it needs
         out.append({"name": "DeepSpeed 0.19.8 tests/unit/inference/v2/ragged", "cwd": path,

@@ -62,7 +62,8 @@ MODELS = {
     "facebook/opt-350m": ("OPTConfig", "OPTForCausalLM", {
         "hidden_size": 1024, "ffn_dim": 4096, "num_hidden_layers": 24,
         "num_attention_heads": 16, "word_embed_proj_dim": 512, "do_layer_norm_before": False}),
-    "llava-hf/llava-1.5-7b-hf": ("LlavaConfig", "LlavaForConditionalGeneration", {}),
+    "llava-hf/llava-1.5-7b-hf": ("LlavaConfig", "LlavaForConditionalGeneration", {
+        "text_config": {"model_type": "llama", "max_position_embeddings": 4096}}),
     "Qwen/Qwen3-0.6B": ("Qwen3Config", "Qwen3ForCausalLM", {
         "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
         "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,

@@ -21,15 +21,9 @@ import pytest
 import kvguard
 from kvguard import kinds
 from kvguard.examples import LINKED_FREE_LIST_SPEC, LinkedFreeList
+from kvguard.guard import MODES
 
-MODES = ("raise", "log", "repair")
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    logging.getLogger("kvguard").disabled = True
-    yield
-    logging.getLogger("kvguard").disabled = False
+pytestmark = pytest.mark.usefixtures("quiet_kvguard_log")
 
 
 class Core:

@@ -21,18 +21,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kvguard
-from kvguard.guard.telemetry import internal_error
 from kvguard import kinds
 from kvguard.examples import LINKED_FREE_LIST_SPEC, LinkedFreeList
+from kvguard.guard import MODES
+from kvguard.guard.telemetry import internal_error
 
-MODES = ("raise", "log", "repair")
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    logging.getLogger("kvguard").disabled = True
-    yield
-    logging.getLogger("kvguard").disabled = False
+pytestmark = pytest.mark.usefixtures("quiet_kvguard_log")
 
 
 class SetPool:

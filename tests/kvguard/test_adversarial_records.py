@@ -4,7 +4,6 @@ rest of the directory is still summarized. The property test fuzzes every field 
 type that staging writes (start, violation, stats, and a bare ``Violation.to_dict()``)."""
 
 import json
-import logging
 import subprocess
 import sys
 import textwrap
@@ -22,11 +21,7 @@ from kvguard.summary import _jsonable, load, render, summarize
 from .staging_env import staged_env, staged_python_fixture  # noqa: F401
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    logging.getLogger("kvguard").disabled = True
-    yield
-    logging.getLogger("kvguard").disabled = False
+pytestmark = pytest.mark.usefixtures("quiet_kvguard_log")
 
 
 def _real_records(tmp_path_factory):

@@ -7,7 +7,6 @@ import gc
 import gzip
 import hashlib
 import json
-import logging
 import os
 import shutil
 import subprocess
@@ -31,11 +30,7 @@ from . import sample_records
 jsonschema = pytest.importorskip("jsonschema")
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    logging.getLogger("kvguard").disabled = True
-    yield
-    logging.getLogger("kvguard").disabled = False
+pytestmark = pytest.mark.usefixtures("quiet_kvguard_log")
 
 
 def strict(schema):

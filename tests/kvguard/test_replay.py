@@ -2,7 +2,6 @@
 the allocator's state first went wrong, and never blames a valid history."""
 
 import json
-import logging
 import subprocess
 import sys
 
@@ -16,11 +15,7 @@ from kvguard.replay import ModelAllocator, Step, build
 from kvguard.staging import JsonLinesSink
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    logging.getLogger("kvguard").disabled = True
-    yield
-    logging.getLogger("kvguard").disabled = False
+pytestmark = pytest.mark.usefixtures("quiet_kvguard_log")
 
 
 def recorded(tmp_path, script, history=32, name="r.jsonl"):

@@ -7,7 +7,9 @@ import pytest
 
 from kvguard.cli import main
 from .test_conformance import FixedLinkedFreeList
-from .test_replay import _quiet, recorded, seed_bug  # noqa: F401  (_quiet: an autouse fixture)
+from .test_replay import recorded, seed_bug
+
+pytestmark = pytest.mark.usefixtures("quiet_kvguard_log")
 
 SPEC = "kvguard.examples.LINKED_FREE_LIST_SPEC"
 

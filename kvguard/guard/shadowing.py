@@ -14,16 +14,36 @@ every fault; a differential test holds the two to the same verdicts.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import operator
+import os
 
 from ..fastread import ITERATORS, plain_ids
 from ..ids import torch_tensor_type
 from ..marks import ATTR
 from ..owners import ACTIVE_OWNER
+from ..stacks import SITES, SiteTable
 from . import careful
 from .arguments import MISSING
 from .bookkeeping import commit_allocation
 from .decisions import contain, protect
+
+
+def _accelerator():
+    """``kvguard._fastpath`` (the same wrappers compiled: see ``accelerated``), or None when it
+    was not built, does not load, or ``KVGUARD_PURE=1`` asks for the closures."""
+    if os.environ.get("KVGUARD_PURE", "") not in ("", "0"):
+        return None
+    try:
+        return importlib.import_module("kvguard._fastpath")
+    except ImportError:  # not built (no compiler at install), or another interpreter's build
+        return None
+
+
+ACCEL = _accelerator()
+"""The compiled wrappers in use, or None for the closures below (the reference). Tests switch
+it to run the guard both ways."""
 
 
 def reduce_hook(guard):
@@ -186,6 +206,10 @@ def wrap_release(guard, original, method, param, share):
     # before the call, it must be positive, and the ledger takes it before dropping one.
     engine_count = operator.attrgetter(guard.spec.refcount_attr) if (
         guard.spec.refcount_attr is not None and not share and read is not None) else None
+    if ACCEL is not None:
+        return accelerated(
+            ACCEL.SHARE if share else ACCEL.FREE, guard, original, param, read, plain, main,
+            ledger_of, drain, put, stacks_slow(slow), engine_count)
 
     def release(*args, **kwargs):
         if owned():  # the allocator calling itself, or the guard forwarding: pass through
@@ -304,6 +328,9 @@ def wrap_alloc(guard, original):
     capture = guard._capture
     owner_var = ACTIVE_OWNER.get
     tick = guard._tick
+    if ACCEL is not None:
+        return accelerated(ACCEL.ALLOCATE, guard, original, None, read, plain, main, ledger_of,
+                           False, None, functools.partial(alloc_slow, depth=depth), None)
 
     def allocate(*args, **kwargs):
         if owned():
@@ -369,6 +396,49 @@ def wrap_alloc(guard, original):
     allocate.__wrapped__ = original
     allocate.__kvguard__ = guard
     return allocate
+
+
+def accelerated(kind, guard, original, param, read, plain, main, ledger_of, drain, put, slow,
+                engine_count):
+    """The compiled twin of ``release`` / ``allocate`` (``kind``), bound to what the closure
+    binds. Its careful path is ``slow``, called where the closure calls the careful path."""
+    capture = guard._capture
+    native = getattr(capture, "__self__", None) is SITES and \
+        getattr(capture, "__func__", None) is SiteTable.capture
+    wrapper = ACCEL.Wrapper(
+        kind, guard, original, guard.lock,
+        param.pos if param is not None and param.pos is not None else -1,
+        param.name if param is not None else None,
+        param.default if param is not None else MISSING,
+        read, plain, main, ledger_of, drain, put, ITERATORS, guard.stats, guard.history,
+        guard._depth, capture, SITES._index if native else None,
+        SITES if native else None, ACTIVE_OWNER, guard._tick, slow, engine_count,
+        contain)
+    wrapper.__wrapped__ = original
+    wrapper.__kvguard__ = guard
+    wrapper.__name__ = wrapper.__qualname__ = "allocate" if kind == ACCEL.ALLOCATE else "release"
+    return wrapper
+
+
+def stacks_slow(slow):
+    """``slow`` called through one Python frame: the careful path captures its site two frames
+    up (itself, then the closure that called it), and a compiled wrapper has no frame."""
+
+    def careful_path(*args):
+        return slow(*args)
+    return careful_path
+
+
+def alloc_slow(guard, capture, args, kwargs, result, depth):
+    """The allocation closure's careful tail, for the compiled wrapper (this frame stands in for
+    the closure's: the site is one frame up)."""
+    try:
+        site = capture(1, depth, ACTIVE_OWNER.get())
+    except Exception as exc:
+        site = contain(guard, exc)
+    seen, result = one_shot(result)
+    protect(guard, commit_allocation, guard, args, kwargs, seen, site)
+    return result
 
 
 def int_tensor_ids(value):

@@ -14,3 +14,29 @@ def quiet_kvguard_log():
     logger.disabled = True
     yield
     logger.disabled = False
+
+
+def compiled_wrappers():
+    """``kvguard._fastpath`` when it was built (whatever ``KVGUARD_PURE`` says), else None."""
+    try:
+        from kvguard import _fastpath
+    except ImportError:
+        return None
+    return _fastpath
+
+
+@pytest.fixture(params=["compiled", "pure"])
+def implementation(request, monkeypatch):
+    """Run a test with the guard's compiled wrappers (kvguard._fastpath), then with the Python
+    closures they must match: guards made in the test use the one asked for."""
+    from kvguard.guard import shadowing
+
+    if request.param == "compiled":
+        built = compiled_wrappers()
+        if built is None:
+            pytest.skip("kvguard._fastpath is not built (no C compiler at install): "
+                        "the pure run covers this test")
+        monkeypatch.setattr(shadowing, "ACCEL", built)
+    else:
+        monkeypatch.setattr(shadowing, "ACCEL", None)
+    return request.param

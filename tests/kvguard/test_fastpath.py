@@ -13,6 +13,7 @@ The allocator is a tolerant model written here (it never raises and reads ids le
 that whatever a mode forwards reaches it and both twins stay comparable.
 """
 
+import contextlib
 import operator
 
 import numpy as np
@@ -24,6 +25,7 @@ from hypothesis import strategies as st
 import kvguard
 from kvguard.guard import careful, shadowing
 
+from .conftest import compiled_wrappers
 from .helpers import ledger_state
 
 SIZE = 10
@@ -272,30 +274,58 @@ def seen(guard):
     return violations, live, guard.stats.to_dict(), ledger_state(guard)
 
 
+def twins_of(kind, spec, mode, stacks):
+    """The twins a trace is replayed on: the fast path in C (when built), the fast path in
+    Python (the closures, the reference), and the careful path."""
+    built = compiled_wrappers()
+    configs = ([(built, True)] if built is not None else []) + [(None, True), (None, False)]
+    out = []
+    for accel, fast in configs:
+        allocator = twin(kind)
+        with use_wrappers(accel):
+            guard = kvguard.guard(allocator, spec, on_violation=mode, stacks=stacks,
+                                  fast_path=fast)
+        out.append((allocator, guard))
+    return out
+
+
+@contextlib.contextmanager
+def use_wrappers(accel):
+    """Guards made inside use the compiled wrappers (``accel``) or the closures (None)."""
+    saved = shadowing.ACCEL
+    shadowing.ACCEL = accel
+    try:
+        yield
+    finally:
+        shadowing.ACCEL = saved
+
+
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps=st.lists(STEP, min_size=1, max_size=25), mode=st.sampled_from(["raise", "log",
-                                                                           "repair"]))
-@example(steps=[("free", [], PLAIN_FORMS.index("tensorbool"), 0)], mode="raise")  # empty mask
-@example(steps=[("free", [], PLAIN_FORMS.index("tensorfloat"), 0)], mode="log")
-def test_the_fast_path_gives_the_careful_paths_verdicts(shape, steps, mode):
+                                                                           "repair"]),
+       stacks=st.sampled_from(["off", "cheap"]))
+@example(steps=[("free", [], PLAIN_FORMS.index("tensorbool"), 0)], mode="raise",
+         stacks="off")  # empty mask
+@example(steps=[("free", [], PLAIN_FORMS.index("tensorfloat"), 0)], mode="log", stacks="off")
+def test_the_fast_path_gives_the_careful_paths_verdicts(shape, steps, mode, stacks):
+    """Compiled wrappers, Python closures and the careful path: same outcome of every call,
+    same violations, live blocks, counters, ledger columns (the interned sites of every
+    allocation and free among them, with ``stacks="cheap"``) and allocator state."""
     kind, spec = SHAPES[shape]
     objects = kind is True
     pooled = spec.pool_arg is not None
-    twins = []
-    for fast in (True, False):
-        allocator = twin(kind)
-        guard = kvguard.guard(allocator, spec, on_violation=mode, stacks="off", fast_path=fast)
-        twins.append((allocator, guard))
+    twins = twins_of(kind, spec, mode, stacks)
     handed = []
     for step in steps:
         outcomes = [run(a, g, step, handed, objects, pooled) for a, g in twins]
-        assert outcomes[0] == outcomes[1], step
+        assert all(o == outcomes[-1] for o in outcomes), step
         if outcomes[0][0] == "ok" and step[0] == "alloc":
             handed += outcomes[0][1]
-        (fast_alloc, fast_guard), (careful_alloc, careful_guard) = twins
-        assert seen(fast_guard) == seen(careful_guard), step
-        assert fast_alloc.state() == careful_alloc.state(), step
+        careful_alloc, careful_guard = twins[-1]
+        for fast_alloc, fast_guard in twins[:-1]:
+            assert seen(fast_guard) == seen(careful_guard), step
+            assert fast_alloc.state() == careful_alloc.state(), step
 
 
 def test_an_engine_count_raised_behind_the_guard_is_followed_on_both_paths():
@@ -314,7 +344,7 @@ def test_an_engine_count_raised_behind_the_guard_is_followed_on_both_paths():
     assert seen_by[0] == seen_by[1]
 
 
-def test_the_fast_path_is_taken(monkeypatch):
+def test_the_fast_path_is_taken(monkeypatch, implementation):
     """The twins above would agree trivially if both went the careful way: the fast one must
     not reach the careful reader on clean calls of any shape."""
     calls = []

@@ -18,6 +18,9 @@ from kvguard.examples import (
 
 from .helpers import allocator_state, snapshot
 
+# Every test here runs on the compiled wrappers (when built) and on the Python closures.
+pytestmark = pytest.mark.usefixtures("implementation")
+
 
 @pytest.fixture
 def alloc():

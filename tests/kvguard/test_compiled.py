@@ -1,0 +1,355 @@
+"""The optional compiled wrappers (``kvguard._fastpath``) and the fallback to the closures.
+
+``pip install -e .`` builds the extension when a C compiler is there; without one, and with
+``KVGUARD_PURE=1``, the guard uses the Python closures of ``kvguard.guard.shadowing``. The
+differential tests in ``test_fastpath`` hold both to the careful path's verdicts; here: that the
+extension really is built and in use, that everything works without it, and what a C wrapper
+must get right beyond verdicts (threads, reentrancy, the allocator raising, odd ids, reference
+counts, memory, sites, copying and pickling).
+"""
+
+import copy
+import gc
+import logging
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import sysconfig
+import textwrap
+import threading
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import kvguard
+from kvguard.examples import (
+    LINKED_FREE_LIST_SPEC,
+    REFCOUNTED_POOL_SPEC,
+    LinkedFreeList,
+    RefcountedPool,
+)
+from kvguard.guard import shadowing
+from kvguard.stacks import SITES
+
+from .conftest import compiled_wrappers
+from .helpers import snapshot
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _compiler() -> str | None:
+    cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    return shutil.which(cc)
+
+
+def test_the_extension_is_built_and_in_use_where_a_compiler_is():
+    """`pip install -e .` on a machine with a C compiler builds kvguard._fastpath, and a guard
+    made without KVGUARD_PURE uses it (CI installs that way, so CI runs the compiled path)."""
+    if _compiler() is None:
+        pytest.skip("no C compiler here: kvguard runs on the closures (see the pure tests)")
+    built = compiled_wrappers()
+    if built is None:
+        pytest.skip("kvguard._fastpath is not built in this checkout (an install without the "
+                    "build step, e.g. PYTHONPATH on a source tree): `pip install -e .` builds it")
+    if os.environ.get("KVGUARD_PURE", "") not in ("", "0"):
+        pytest.skip("KVGUARD_PURE is set: the closures are asked for")
+    assert shadowing.ACCEL is built
+    a = LinkedFreeList(4)
+    kvguard.guard(a, LINKED_FREE_LIST_SPEC)
+    assert type(vars(a)["free"]) is built.Wrapper
+    assert type(vars(a)["allocate"]) is built.Wrapper
+
+
+def _run_python(code: str, **env) -> subprocess.CompletedProcess:
+    environ = {**os.environ, **env}
+    environ["PYTHONPATH"] = os.pathsep.join(
+        [ROOT] + [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=environ,
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+FALLBACK_SCRIPT = """
+    import sys
+    {hide}
+    import kvguard
+    from kvguard.examples import LINKED_FREE_LIST_SPEC, LinkedFreeList
+    from kvguard.guard import shadowing
+
+    a = LinkedFreeList(4)
+    g = kvguard.guard(a, LINKED_FREE_LIST_SPEC)
+    ids = a.allocate(2)
+    a.free(ids)
+    try:
+        a.free(ids[:1])
+    except kvguard.DoubleFreeError as exc:
+        caught = exc.kind
+    print(shadowing.ACCEL is not None, type(vars(a)["free"]).__name__, caught, g.stats.free_calls,
+          g.live == {{}}, "kvguard._fastpath" in sys.modules and
+          sys.modules["kvguard._fastpath"] is not None)
+"""
+
+
+def test_without_the_extension_everything_works_on_the_closures():
+    """An install without a compiler has no kvguard._fastpath: the import fails, silently, and
+    the guard runs on the closures with the same verdicts."""
+    hide = "sys.modules['kvguard._fastpath'] = None  # as if never built"
+    done = _run_python(FALLBACK_SCRIPT.format(hide=hide))
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert done.stdout.split() == ["False", "function", "double-free", "1", "True", "False"]
+
+
+def test_kvguard_pure_picks_the_closures():
+    done = _run_python(FALLBACK_SCRIPT.format(hide="pass"), KVGUARD_PURE="1")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "function", "double-free", "1", "True", "False"]
+
+
+def test_kvguard_pure_0_keeps_the_compiled_wrappers():
+    if compiled_wrappers() is None:
+        pytest.skip("kvguard._fastpath is not built")
+    done = _run_python(FALLBACK_SCRIPT.format(hide="pass"), KVGUARD_PURE="0")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "Wrapper", "double-free", "1", "True", "True"]
+
+
+# --- what a wrapper must get right beyond verdicts (both implementations) ------------------
+
+
+def _race_two_frees() -> list:
+    a = LinkedFreeList(2)
+    g = kvguard.guard(a, LINKED_FREE_LIST_SPEC)
+    a.allocate(1)
+    barrier = threading.Barrier(2)
+    outcomes = []
+
+    def free_block_zero():
+        barrier.wait()
+        try:
+            a.free([0])
+            outcomes.append("ok")
+        except kvguard.DoubleFreeError:
+            outcomes.append("double-free")
+    threads = [threading.Thread(target=free_block_zero) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert a.free_blocks == 2
+    g.check()
+    return sorted(outcomes)
+
+
+def test_two_threads_freeing_one_block_cannot_both_pass(implementation):
+    for _ in range(20):
+        assert _race_two_frees() == ["double-free", "ok"]
+
+
+class SelfCalling(LinkedFreeList):
+    """An allocator whose methods call each other through the instance (so through the
+    guard's wrappers): ``allocate`` frees a scratch block, ``free`` takes ids one by one."""
+
+    def allocate(self, n):
+        scratch = super().allocate(1)
+        self.free(scratch)  # the wrapper passes this straight through: the lock is ours
+        return super().allocate(n)
+
+    def free(self, ids):
+        ids = list(ids)
+        if len(ids) > 1:
+            for b in ids:
+                self.free([b])
+            return
+        super().free(ids)
+
+
+def test_an_allocator_calling_itself_is_counted_once(implementation):
+    a = SelfCalling(8)
+    g = kvguard.guard(a, LINKED_FREE_LIST_SPEC)
+    ids = a.allocate(3)
+    a.free(ids)
+    assert (g.stats.alloc_calls, g.stats.free_calls, g.stats.blocks_freed) == (1, 1, 3)
+    assert g.live == {} and a.free_blocks == 8
+    with pytest.raises(kvguard.DoubleFreeError):
+        a.free(ids[:1])
+
+
+class Raising(LinkedFreeList):
+    def __init__(self, n):
+        super().__init__(n)
+        self.fail = False
+
+    def allocate(self, n):
+        if self.fail:
+            raise MemoryError("out of blocks")
+        return super().allocate(n)
+
+    def free(self, ids):
+        if self.fail:
+            raise ValueError("allocator refuses")
+        super().free(ids)
+
+
+def test_an_allocator_raising_leaves_the_ledger_unchanged(implementation):
+    a = Raising(8)
+    g = kvguard.guard(a, LINKED_FREE_LIST_SPEC)
+    ids = a.allocate(3)
+    before = snapshot(a, g), g.stats.to_dict(), list(g.history)
+    a.fail = True
+    with pytest.raises(ValueError, match="allocator refuses"):
+        a.free(ids)
+    with pytest.raises(MemoryError):
+        a.allocate(2)
+    assert (snapshot(a, g), g.stats.to_dict(), list(g.history)) == before
+    assert not g.inside()  # the lock was released on the way out
+    a.fail = False
+    a.free(ids)
+    assert g.live == {}
+
+
+BAD_IDS = [True, 1.0, 2 ** 70, -(2 ** 70), -1, "1", None, [0, 0], [0, True], [2 ** 64],
+           np.array([0.0]), np.array([True]), np.uint64(2 ** 63), [np.uint64(2 ** 64 - 1)],
+           (x for x in [0])]
+
+
+@pytest.mark.parametrize("bad", BAD_IDS,
+                         ids=[f"{n}-{type(b).__name__}" for n, b in enumerate(BAD_IDS)])
+def test_bad_ids_get_the_careful_paths_verdict(bad):
+    """Each odd id goes the careful way on both implementations: the same error (or the same
+    acceptance) and the same ledger as the careful path."""
+    seen = []
+    built = compiled_wrappers()
+    for accel, fast in ([(built, True)] if built else []) + [(None, True), (None, False)]:
+        a = LinkedFreeList(4)
+        saved, shadowing.ACCEL = shadowing.ACCEL, accel
+        try:
+            g = kvguard.guard(a, LINKED_FREE_LIST_SPEC, stacks="off", fast_path=fast)
+        finally:
+            shadowing.ACCEL = saved
+        a.allocate(2)
+        value = copy.copy(bad) if not hasattr(bad, "__next__") else (x for x in [0])
+        try:
+            a.free(value)
+            outcome = "ok"
+        except kvguard.KVGuardError as exc:
+            outcome = exc.kind
+        seen.append((outcome, snapshot(a, g), g.stats.to_dict()))
+    assert all(s == seen[-1] for s in seen)
+
+
+def test_reference_counts_of_ids_and_results_do_not_drift(implementation):
+    """Ids passed in, on the fast path and on the careful one, are neither leaked nor
+    over-released: once the guard (its flight recorder, its violations) is gone, every id
+    object and argument list has the count it had before."""
+    a = RefcountedPool(64)
+    g = kvguard.guard(a, REFCOUNTED_POOL_SPEC, on_violation="repair", max_violations=10)
+    probe = 12345678901  # private int objects whose counts we watch
+    big = 98765432101
+    ids = a.allocate(4)
+    arg = list(ids)
+    gc.collect()
+    before = [sys.getrefcount(x) for x in (probe, big, arg)]
+    logging.getLogger("kvguard").disabled = True
+    try:
+        for _ in range(500):
+            a.share(arg)
+            a.free(arg)
+            a.free([probe, big])  # foreign: the careful path (repaired away)
+            a.share((ids[0],))
+            a.free((ids[0], ids[0]))  # a duplicate: careful, one reference dropped
+    finally:
+        logging.getLogger("kvguard").disabled = False
+    for _ in range(500):
+        a.share(arg)
+        a.free(np.array(arg))
+    g.unguard()
+    del g
+    gc.collect()
+    assert [sys.getrefcount(x) for x in (probe, big, arg)] == before
+
+
+def test_no_memory_grows_over_100k_calls(implementation):
+    a = LinkedFreeList(64)
+    kvguard.guard(a, LINKED_FREE_LIST_SPEC, history=4)
+    for _ in range(2000):  # warm caches: sites, types
+        a.free(a.allocate(2))
+        a.free(np.array(a.allocate(1)))
+    tracemalloc.start()
+    try:
+        first = tracemalloc.get_traced_memory()[0]
+        for _ in range(25_000):
+            a.free(a.allocate(2))
+            a.free(np.array(a.allocate(1)))
+        gc.collect()
+        last = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert last - first < 64 * 1024, (first, last)
+
+
+def _sites_of(accel, stacks):
+    a = LinkedFreeList(8)
+    saved, shadowing.ACCEL = shadowing.ACCEL, accel
+    try:
+        g = kvguard.guard(a, LINKED_FREE_LIST_SPEC, stacks=stacks)
+    finally:
+        shadowing.ACCEL = saved
+    ids = a.allocate(2)  # one line for both implementations: the same caller frames
+    a.free(ids[:1])
+    return g, [g.ledger().origin[b] for b in ids], g.ledger().freed_at[ids[0]]
+
+
+@pytest.mark.parametrize("stacks", ["cheap", "full"])
+def test_the_same_call_gets_the_same_interned_site_on_both(stacks):
+    built = compiled_wrappers()
+    if built is None:
+        pytest.skip("kvguard._fastpath is not built")
+    runs = [_sites_of(accel, stacks) for accel in (built, None)]  # one line: same frames
+    (g_c, origin_c, freed_c), (_, origin_p, freed_p) = runs
+    assert len(set(origin_c)) == 1 and 0 not in origin_c and freed_c != 0
+    # The interned keys may differ in one offset: a caller's frame records the CALL instruction
+    # while a C function runs and the CALL's last inline-cache entry while a Python one does.
+    # Both resolve to the same line, so every report is the same.
+    assert SITES.pairs(origin_c[0]) == SITES.pairs(origin_p[0])
+    assert SITES.pairs(freed_c) == SITES.pairs(freed_p)
+    frames = next(iter(g_c.live.values())).allocated_at
+    assert frames[0].function == "_sites_of"
+    assert len(frames) == (3 if stacks == "cheap" else len(SITES.pairs(origin_p[0])))
+
+
+def test_a_site_capture_failure_is_contained_like_the_closures(implementation, monkeypatch):
+    """A fault inside the capture (here: interning a new site) raises in raise mode and is
+    counted, the call completed, in log mode."""
+    def broken(*args):
+        raise RuntimeError("injected")
+    monkeypatch.setattr(SITES, "_intern", broken)
+    a = LinkedFreeList(4)
+    kvguard.guard(a, LINKED_FREE_LIST_SPEC, stacks="full")
+    with pytest.raises(RuntimeError, match="injected"):
+        a.allocate(1)
+    assert not vars(a)["__kvguard__"].inside()
+    b = LinkedFreeList(4)
+    g = kvguard.guard(b, LINKED_FREE_LIST_SPEC, stacks="full", on_violation="log")
+    ids = b.allocate(2)
+    b.free(ids)
+    assert g.stats.internal_errors >= 2 and g.live == {} and b.free_blocks == 4
+
+
+def test_wrappers_look_like_the_closures_to_the_rest_of_kvguard(implementation):
+    a = LinkedFreeList(4)
+    g = kvguard.guard(a, LINKED_FREE_LIST_SPEC)
+    wrapper = vars(a)["free"]
+    assert wrapper.__kvguard__ is g and wrapper.__wrapped__.__func__ is LinkedFreeList.free
+    assert copy.copy(wrapper) is wrapper and copy.deepcopy(wrapper) is wrapper
+    with pytest.raises((TypeError, AttributeError, pickle.PicklingError)):
+        pickle.dumps(wrapper)
+    ids = a.allocate(2)
+    clone = copy.deepcopy(a)  # the guard's reduce hook: an unguarded copy
+    assert "free" not in vars(clone) and kvguard.guard_of(clone) is None
+    clone.free(ids)  # frees on the copy only
+    assert set(g.live) == set(ids)
+    g.unguard()
+    assert "free" not in vars(a)

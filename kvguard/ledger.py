@@ -109,7 +109,8 @@ class Ledger:
             else:
                 column.extend(_zeros(column.typecode, size - n))
         self.size = size
-        self.uncertain = {b for b in self.uncertain if b < size}
+        # In place: ``hot`` holds this very set, and the fast path writes through it.
+        self.uncertain.difference_update([b for b in self.uncertain if b >= size])
 
     # --- state changes: each takes ids the guard has already validated ---
 

@@ -145,6 +145,10 @@ class LedgerMachine(RuleBasedStateMachine):
         assert ledger.free_delta == self.adopted - len(live)
         assert ledger.adopted == self.adopted
         assert ledger.uncertain == self.uncertain
+        # The fast path writes through ``hot`` alone: it must be the ledger's own objects.
+        hot = ledger.hot
+        assert hot[0] is ledger.stamp and hot[1] is ledger.origin and hot[2] is ledger.freed_at
+        assert hot[3] is ledger.ref and hot[4] is ledger.uncertain
         assert not ledger.is_live(len(self.blocks)) and ledger.refcount(-1) == 0
         assert not ledger.in_range(len(self.blocks)) and not ledger.in_range(-1)
 

@@ -1,6 +1,6 @@
 """Guard overhead on the allocators engines really run: prints guarded/raw ratios.
 
-    python benchmarks/bench_engines.py [--rounds 7] [--steps 2000] [--only vllm,numpy,...]
+    python benchmarks/bench_engines.py [--rounds 7] [--steps 2000] [--pure] [--only vllm,...]
 
 Raw and guarded runs alternate in one process, garbage collection off while timing (as
 bench_guard.py does), timed in CPU time of the thread (``time.thread_time``: on a shared machine
@@ -19,8 +19,10 @@ on arrival, a block every 16 tokens, frees at the end, and for refcounted pools 
 - the pure-Python free lists of bench_guard.py; stacks off <= 2.5x, cheap <= 3.0x.
 
 Each guarded variant is shown with stacks="off", stacks="cheap" and staging's settings
-(log mode, KVGUARD_SAMPLE=100), with the absolute time added per operation. Then the ledger's
-memory per block for a refcounted pool.
+(log mode, KVGUARD_SAMPLE=100), with the absolute time added per operation; ``--pure`` runs
+each on the Python wrappers too (what ``KVGUARD_PURE=1`` or an install without a C compiler
+gets), alternated in the same rounds, and prints that ratio beside. Then where the time of one
+call goes, layer by layer, for both, and the ledger's memory per block for a refcounted pool.
 """
 
 from __future__ import annotations
@@ -41,8 +43,10 @@ import numpy as np  # noqa: E402
 
 import kvguard  # noqa: E402
 from kvguard.examples import LINKED_FREE_LIST_SPEC, LinkedFreeList  # noqa: E402
+from kvguard.guard import shadowing  # noqa: E402
 from kvguard.ledger import Ledger  # noqa: E402
 from kvguard.staging import StagingConfig  # noqa: E402
+from bench_guard import wrappers  # noqa: E402
 from trace import ValidatingFreeList  # noqa: E402
 
 ALLOC, SHARE, FREE = 0, 1, 2
@@ -149,17 +153,26 @@ def compare(variants: dict, driver, ops, rounds: int) -> dict:
     return {name: min(t) for name, t in times.items()}
 
 
-def row(label, make, spec, driver, ops, rounds, target=None) -> dict:
-    """Print one allocator's ratios; returns the added microseconds per operation by variant."""
-    def guarded(options):
+PURE = " [pure]"
+"""Suffix of a variant run on the Python wrappers (``--pure``)."""
+
+
+def row(label, make, spec, driver, ops, rounds, target=None, pure=False) -> dict:
+    """Print one allocator's ratios; returns the added microseconds per operation by variant.
+    ``pure``: each guarded variant also on the Python wrappers, alternated in the same rounds,
+    its ratio printed beside."""
+    def guarded(options, on_python=False):
         def build():
             allocator = make()
-            kvguard.guard(allocator, spec, **options)
+            with wrappers(on_python):
+                kvguard.guard(allocator, spec, **options)
             return allocator
         return build
 
     variants = {"raw": make}
     variants.update({name: guarded(options) for name, options in GUARDS.items()})
+    if pure:
+        variants.update({name + PURE: guarded(options, True) for name, options in GUARDS.items()})
     med = compare(variants, driver, ops, rounds)
     raw = med["raw"]
     print(f"{label}: raw {raw / len(ops) * 1e6:.2f} us/op ({len(ops)} ops)")
@@ -168,8 +181,14 @@ def row(label, make, spec, driver, ops, rounds, target=None) -> dict:
         if name == "raw":
             continue
         added[name] = (t - raw) / len(ops) * 1e6
+    for name in GUARDS:
+        t = med[name]
         goal = f"   target {target[name]}" if target and name in target else ""
-        print(f"  {name:<27} {t / raw:5.2f}x  (+{added[name]:.2f} us/op){goal}")
+        beside = ""
+        if pure:
+            beside = (f"   pure {med[name + PURE] / raw:5.2f}x "
+                      f"(+{added[name + PURE]:.2f} us/op)")
+        print(f"  {name:<27} {t / raw:5.2f}x  (+{added[name]:.2f} us/op){beside}{goal}")
     return added
 
 
@@ -282,33 +301,48 @@ def _locked(allocator, guard_lock):
 def floor(rounds: int, calls: int = 20000) -> None:
     """The per-call cost, built up layer by layer on the cheapest allocator there is (one plain
     int per call from a Python list): each line adds one thing the guard does, and the
-    difference from the line above is that thing's price."""
+    difference from the line above is that thing's price. The compiled wrappers (when built) do
+    the wrapper call, the lock and the checking in one C call, so their first line is measured
+    against the bare allocator; the Python wrappers' lines follow, then the careful path."""
     import threading
 
     from bench_guard import passthrough
 
-    def guarded(**options):
+    def guarded(pure=False, **options):
         def build():
             allocator = ElementPool(1 << 16, numpy_ids=False)
-            kvguard.guard(allocator, ELEMENT_SPEC, **options)
+            with wrappers(pure):
+                kvguard.guard(allocator, ELEMENT_SPEC, **options)
             return allocator
         return build
 
-    layers = {
-        "raw allocate() + free()": lambda: ElementPool(1 << 16, numpy_ids=False),
-        "+ a pass-through wrapper (call, *args)": lambda: passthrough(
-            ElementPool(1 << 16, numpy_ids=False)),
-        "+ re-entrancy test and lock": lambda: _locked(ElementPool(1 << 16, numpy_ids=False),
-                                                       threading.RLock()),
-        "+ ids read, ledger checked and written, counters": guarded(stacks="off", history=0),
-        "+ flight recorder (history=32)": guarded(stacks="off"),
-        "+ call sites (stacks='cheap')": guarded(stacks="cheap"),
-        "careful path instead (fast_path=False), cheap": guarded(
-            stacks="cheap", fast_path=False),
-    }
+    raw = "raw allocate() + free()"
+    layers = {raw: (lambda: ElementPool(1 << 16, numpy_ids=False), None)}
+    if shadowing.ACCEL is not None:
+        first = "compiled: call, lock, ids, ledger, counters"
+        layers.update({
+            first: (guarded(stacks="off", history=0), raw),
+            "compiled: + flight recorder (history=32)": (guarded(stacks="off"), first),
+            "compiled: + call sites (stacks='cheap')": (
+                guarded(stacks="cheap"), "compiled: + flight recorder (history=32)"),
+        })
+    wrapper = "Python: + a pass-through wrapper (call, *args)"
+    lock = "Python: + re-entrancy test and lock"
+    ledger = "Python: + ids read, ledger checked and written, counters"
+    history = "Python: + flight recorder (history=32)"
+    layers.update({
+        wrapper: (lambda: passthrough(ElementPool(1 << 16, numpy_ids=False)), raw),
+        lock: (lambda: _locked(ElementPool(1 << 16, numpy_ids=False), threading.RLock()),
+               wrapper),
+        ledger: (guarded(True, stacks="off", history=0), lock),
+        history: (guarded(True, stacks="off"), ledger),
+        "Python: + call sites (stacks='cheap')": (guarded(True, stacks="cheap"), history),
+        "careful path instead (fast_path=False), cheap": (
+            guarded(stacks="cheap", fast_path=False), None),
+    })
     best = {name: float("inf") for name in layers}
     for _ in range(rounds):
-        for name, make in layers.items():
+        for name, (make, _) in layers.items():
             allocator = make()
             allocate, free = allocator.allocate, allocator.free
             gc.collect()
@@ -322,14 +356,10 @@ def floor(rounds: int, calls: int = 20000) -> None:
                 gc.enable()
     print(f"where the time goes: one allocate() and one free() of a plain int, {calls} pairs, "
           "ns per pair (fastest round)")
-    previous = None
-    for name, t in best.items():
-        ns = t / calls * 1e9
-        last = previous is None or name.startswith("careful")
-        step = "" if last else f"  ({ns - previous:+.0f})"
-        print(f"  {name:<50} {ns:7.0f}{step}")
-        if not name.startswith("careful"):
-            previous = ns
+    for name, (_, base) in layers.items():
+        ns = best[name] / calls * 1e9
+        step = "" if base is None else f"  ({ns - best[base] / calls * 1e9:+.0f})"
+        print(f"  {name:<58} {ns:7.0f}{step}")
 
 
 # --- engines' own allocators ---------------------------------------------------------------
@@ -372,6 +402,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--pure", action="store_true", help="also run every guarded variant on "
+                        "the Python wrappers (as KVGUARD_PURE=1 does), alternated in one run")
     parser.add_argument("--only", default="", help="comma-separated rows: vllm, deepspeed, "
                         "sglang, numpy, int64, python, floor, memory")
     args = parser.parse_args()
@@ -382,6 +414,12 @@ def main() -> int:
     plain = make_trace(args.steps, share=0)
     print(f"pool of {n} blocks, 64 concurrent sequences; {args.rounds} alternated rounds, "
           f"fastest of each; python {sys.version.split()[0]}, numpy {np.__version__}")
+    compiled = shadowing.ACCEL is not None
+    print("guard wrappers: " + ("compiled (kvguard._fastpath)" if compiled else
+                                "Python (kvguard._fastpath not built, or KVGUARD_PURE=1)")
+          + ("; 'pure': the same variant on the Python wrappers" if args.pure and compiled
+             else ""))
+    pure = args.pure and compiled
 
     if want("vllm"):
         with engine("vllm") as vllm:
@@ -391,7 +429,7 @@ def main() -> int:
                     lambda: vllm.BlockPool(num_gpu_blocks=n, enable_caching=False,
                                            hash_block_size=16),
                     SPECS[BLOCK_POOL], vllm_driver(), shared, args.rounds,
-                    {"stacks off": "<= 2.0x (aim 1.5x)", "stacks cheap": "<= 2.0x"})
+                    {"stacks off": "<= 2.0x (aim 1.5x)", "stacks cheap": "<= 2.0x"}, pure)
     if want("deepspeed"):
         with engine("deepspeed") as ds:
             if ds is not None:
@@ -399,7 +437,7 @@ def main() -> int:
                 row("DeepSpeed 0.19.8 BlockedAllocator (allocate -> int32 tensor, free(list))",
                     lambda: ds.BlockedAllocator(n), SPECS[BLOCKED_ALLOCATOR], deepspeed_driver(),
                     plain, max(3, args.rounds // 2),
-                    {name: "<= 1.1x" for name in GUARDS})
+                    {name: "<= 1.1x" for name in GUARDS}, pure)
     if want("sglang"):
         with engine("sglang") as sg:
             if sg is not None:
@@ -409,19 +447,21 @@ def main() -> int:
                 row("SGLang 0.5.23 TokenToKVPoolAllocator (alloc / free, int64 tensors)",
                     lambda: sg.TokenToKVPoolAllocator(n, torch.float16, "cpu", None,
                                                       False),
-                    SPECS[TOKEN_ALLOCATOR], sglang_driver(), plain, args.rounds)
+                    SPECS[TOKEN_ALLOCATOR], sglang_driver(), plain, args.rounds, pure=pure)
     if want("numpy"):
         row("numpy refcounted pool (allocate / add_ref / free, int64 arrays)",
             lambda: NumpyRefcountedPool(n), NUMPY_REFCOUNTED_SPEC, numpy_driver(), shared,
-            args.rounds, {name: "<= 1.5x" for name in GUARDS})
+            args.rounds, {name: "<= 1.5x" for name in GUARDS}, pure)
     if want("int64"):
         as_np = row("one-id-per-call pool of np.int64 elements", lambda: ElementPool(n),
-                    ELEMENT_SPEC, ELEMENT_DRIVER, plain, args.rounds)
+                    ELEMENT_SPEC, ELEMENT_DRIVER, plain, args.rounds, pure=pure)
         as_int = row("  its twin with plain-int ids", lambda: ElementPool(n, numpy_ids=False),
-                     ELEMENT_SPEC, ELEMENT_DRIVER, plain, args.rounds)
+                     ELEMENT_SPEC, ELEMENT_DRIVER, plain, args.rounds, pure=pure)
         for name in GUARDS:
+            beside = (f"; pure {as_np[name + PURE]:.2f} and {as_int[name + PURE]:.2f}"
+                      if pure else "")
             print(f"  np.int64 ids add {as_np[name]:.2f} us/op, plain ints "
-                  f"{as_int[name]:.2f} us/op with {name} (target: no more)")
+                  f"{as_int[name]:.2f} us/op with {name} (target: no more){beside}")
     if want("python"):
         for label, make, spec in (
                 ("pure-Python ValidatingFreeList (bench_guard.py)", lambda: ValidatingFreeList(n),
@@ -429,7 +469,7 @@ def main() -> int:
                 ("pure-Python LinkedFreeList (bench_guard.py)", lambda: LinkedFreeList(n),
                  LINKED_FREE_LIST_SPEC)):
             row(label, make, spec, LIST_DRIVER, plain, args.rounds,
-                {"stacks off": "<= 2.5x (aim 2.0x)", "stacks cheap": "<= 3.0x"})
+                {"stacks off": "<= 2.5x (aim 2.0x)", "stacks cheap": "<= 3.0x"}, pure)
     if want("floor"):
         floor(args.rounds)
     if want("memory"):

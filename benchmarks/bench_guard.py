@@ -6,12 +6,15 @@ Raw and guarded runs alternate in one process, garbage collection off while timi
 ratio of medians is printed for: a bare pass-through wrapper (the floor any in-place wrapper
 pays), the guard with stacks="off" and stacks="cheap" (targets 1.5x and 2.0x, limits 2.0x and
 2.5x), and DeepSpeed 0.19.8's real BlockedAllocator when its sdist is in the engine cache (limit
-1.3x). Then the ledger's memory per block for a 1M-block pool.
+1.3x). Where the compiled wrappers (kvguard._fastpath) are in use, the "[pure]" lines run the
+same guard on the Python wrappers (what KVGUARD_PURE=1 or an install without a C compiler
+gets) in the same rounds. Then the ledger's memory per block for a 1M-block pool.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import statistics
@@ -23,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import kvguard  # noqa: E402
 from kvguard.examples import LINKED_FREE_LIST_SPEC, LinkedFreeList  # noqa: E402
+from kvguard.guard import shadowing  # noqa: E402
 from kvguard.ledger import Ledger  # noqa: E402
 from trace import ValidatingFreeList, make_trace, pool_size, replay  # noqa: E402
 
@@ -89,6 +93,10 @@ def main() -> int:
     ops = make_trace(args.steps)
     n = pool_size()
     print(f"trace: {len(ops)} operations, 64 concurrent sequences, pool of {n} blocks")
+    compiled = shadowing.ACCEL is not None
+    print("guard wrappers: " + ("compiled (kvguard._fastpath); [pure]: the Python wrappers"
+                                if compiled else "Python (kvguard._fastpath not built, or "
+                                "KVGUARD_PURE=1)"))
     for label, cls in (("LinkedFreeList (DeepSpeed's logic on lists)", LinkedFreeList),
                        ("ValidatingFreeList (checks every id itself)", ValidatingFreeList)):
         variants = {
@@ -99,6 +107,11 @@ def main() -> int:
             "guard full": lambda: _guarded(cls(n), "full"),
             "cheap, no history": lambda: _guarded(cls(n), "cheap", history=0),
         }
+        if compiled:
+            variants.update({
+                "guard off [pure]": lambda: _guarded(cls(n), "off", pure=True),
+                "guard cheap [pure]": lambda: _guarded(cls(n), "cheap", pure=True),
+            })
         med = compare(variants, ops, args.rounds)
         raw = med["raw"]
         print(f"{label}: raw {raw / len(ops) * 1e6:.2f} us/op")
@@ -114,12 +127,17 @@ def main() -> int:
     else:
         ds_ops = make_trace(max(args.steps // 4, 500))
         to_list = lambda t: t.tolist()  # noqa: E731  (the engine keeps ids as tensors too)
-        med = compare({
+        variants = {
             "raw": lambda: BlockedAllocator(n),
             "guard cheap": lambda: _guarded(BlockedAllocator(n), "cheap"),
-        }, ds_ops, max(3, args.rounds // 2), to_list)
+        }
+        if compiled:
+            variants["guard cheap [pure]"] = lambda: _guarded(BlockedAllocator(n), "cheap",
+                                                              pure=True)
+        med = compare(variants, ds_ops, max(3, args.rounds // 2), to_list)
+        pure = (f" ([pure] {med['guard cheap [pure]'] / med['raw']:.2f}x)" if compiled else "")
         print(f"DeepSpeed BlockedAllocator: raw {med['raw'] / len(ds_ops) * 1e6:.1f} us/op, "
-              f"guard cheap {med['guard cheap'] / med['raw']:.2f}x")
+              f"guard cheap {med['guard cheap'] / med['raw']:.2f}x{pure}")
 
     ledger = Ledger(1 << 20)
     print(f"ledger memory: {ledger.nbytes() / (1 << 20):.1f} bytes/block for a 1M-block pool")
@@ -134,8 +152,23 @@ SPECS = {
 }
 
 
-def _guarded(allocator, stacks, **options):
-    kvguard.guard(allocator, SPECS[type(allocator).__name__], stacks=stacks, **options)
+@contextlib.contextmanager
+def wrappers(pure: bool):
+    """Guards made inside use the Python wrappers (``pure``: what ``KVGUARD_PURE=1`` or an
+    install without a C compiler gets) or whatever this install uses (the compiled ones when
+    built)."""
+    saved = shadowing.ACCEL
+    if pure:
+        shadowing.ACCEL = None
+    try:
+        yield
+    finally:
+        shadowing.ACCEL = saved
+
+
+def _guarded(allocator, stacks, pure=False, **options):
+    with wrappers(pure):
+        kvguard.guard(allocator, SPECS[type(allocator).__name__], stacks=stacks, **options)
     return allocator
 
 

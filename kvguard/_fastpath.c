@@ -18,6 +18,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <frameobject.h>
+#include <structmember.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -173,6 +174,59 @@ stats_add(PyObject *stats, PyObject *name, Py_ssize_t n)
     return rc;
 }
 
+/* ``stats.<name> += n``: straight into the __slots__ member when construction found one
+   (offset >= 0), else through getattr/setattr as Python does. */
+static int
+stats_bump(PyObject *stats, Py_ssize_t offset, PyObject *name, Py_ssize_t n)
+{
+    PyObject **slot, *old, *new_;
+    if (offset < 0)
+        return stats_add(stats, name, n);
+    slot = (PyObject **)((char *)stats + offset);
+    old = *slot;
+    if (old == NULL || !PyLong_CheckExact(old))
+        return stats_add(stats, name, n);  /* unset (AttributeError) or not an int */
+    {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(old, &overflow);
+        if (overflow || v > LLONG_MAX / 2 || (v == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            return stats_add(stats, name, n);
+        }
+        new_ = PyLong_FromLongLong(v + (long long)n);
+    }
+    if (new_ == NULL)
+        return -1;
+    *slot = new_;
+    Py_DECREF(old);
+    return 0;
+}
+
+/* The offset of ``type(stats).<name>`` when it is a plain writable object slot of ``stats``
+   and attribute access is the generic one; -1 otherwise. */
+static Py_ssize_t
+slot_offset(PyObject *stats, PyObject *name)
+{
+    PyTypeObject *tp = Py_TYPE(stats);
+    PyObject *descr;
+    PyMemberDef *m;
+    if (tp->tp_getattro != PyObject_GenericGetAttr || tp->tp_setattro != PyObject_GenericSetAttr)
+        return -1;
+    Py_ssize_t offset = -1;
+    descr = PyObject_GetAttr((PyObject *)tp, name);  /* the class's member descriptor */
+    if (descr == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    if (Py_IS_TYPE(descr, &PyMemberDescr_Type) && PyObject_TypeCheck(stats, PyDescr_TYPE(descr))) {
+        m = ((PyMemberDescrObject *)descr)->d_member;
+        if (m->type == T_OBJECT_EX && !(m->flags & READONLY))
+            offset = m->offset;
+    }
+    Py_DECREF(descr);
+    return offset;
+}
+
 /* --- the wrapper object ------------------------------------------------------------------- */
 
 enum { KIND_FREE = 0, KIND_SHARE = 1, KIND_ALLOC = 2 };
@@ -204,6 +258,14 @@ typedef struct {
     PyObject *slow;          /* the Python trampoline to the careful path */
     PyObject *engine_count;  /* attrgetter(refcount_attr), or None */
     PyObject *contain;
+    /* The compiled readers (see read_ids): fastread's type -> kind table for plain specs;
+       for ``id_attr`` specs the attribute, the skip, its keeps_all and the allocator. */
+    PyObject *kinds;         /* dict, or None */
+    PyObject *id_attr;       /* str, or None: the Python reader reads */
+    PyObject *skip, *keeps_all, *allocator;
+    /* Guard.stats counters as __slots__ members: their offsets (-1: go through getattr) */
+    Py_ssize_t off_calls, off_blocks;
+    PyObject *tick_iter;     /* tick's iterator when tick is exactly its __next__, else NULL */
 } Wrapper;
 
 static PyTypeObject Wrapper_Type;
@@ -216,6 +278,7 @@ typedef struct {
     PyObject *targs;   /* owned, or NULL until needed */
     PyObject *tkw;
     int replaced;      /* targs/tkw were replaced by put(): call the original with them */
+    PyObject **stack;  /* args with one replaced by put() (PyMem), or NULL */
 } Call;
 
 static int
@@ -247,6 +310,79 @@ call_clear(Call *c)
 {
     Py_CLEAR(c->targs);
     Py_CLEAR(c->tkw);
+    if (c->stack != NULL)
+        PyMem_Free(c->stack);
+    c->stack = NULL;
+}
+
+/* ``args, kwargs = put(args, kwargs, value)``: the call forwards ``value`` in place of the ids
+   it was given. ``put`` None: Param.put's own rule, here (by position when the call passed
+   the argument by position, else by keyword in a copy of kwargs); the value is kept alive by
+   the caller. */
+static int
+call_put(Wrapper *w, Call *c, PyObject *value)
+{
+    PyObject *r;
+    if (w->put == Py_None) {
+        if (w->pos >= 0 && c->nargs > w->pos && c->targs == NULL) {
+            Py_ssize_t nkw = c->kwnames ? PyTuple_GET_SIZE(c->kwnames) : 0;
+            PyObject **stack = PyMem_Malloc(sizeof(PyObject *) * (size_t)(c->nargs + nkw + 1));
+            if (stack == NULL) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            memcpy(stack, c->args, sizeof(PyObject *) * (size_t)(c->nargs + nkw));
+            stack[w->pos] = value;  /* borrowed: the caller holds it for the call */
+            if (c->stack != NULL)
+                PyMem_Free(c->stack);
+            c->stack = stack;
+            c->args = stack;
+            return 0;
+        }
+        if (call_materialize(c) < 0)
+            return -1;
+        if (w->pos >= 0 && PyTuple_GET_SIZE(c->targs) > w->pos) {
+            Py_ssize_t i, n = PyTuple_GET_SIZE(c->targs);
+            PyObject *t = PyTuple_New(n);
+            if (t == NULL)
+                return -1;
+            for (i = 0; i < n; i++)
+                PyTuple_SET_ITEM(t, i, Py_NewRef(i == w->pos ? value
+                                                             : PyTuple_GET_ITEM(c->targs, i)));
+            Py_SETREF(c->targs, t);
+        }
+        else {
+            PyObject *d = PyDict_Copy(c->tkw);
+            if (d == NULL)
+                return -1;
+            if (PyDict_SetItem(d, w->name, value) < 0) {
+                Py_DECREF(d);
+                return -1;
+            }
+            Py_SETREF(c->tkw, d);
+        }
+        c->replaced = 1;
+        return 0;
+    }
+    if (call_materialize(c) < 0)
+        return -1;
+    r = PyObject_CallFunctionObjArgs(w->put, c->targs, c->tkw, value, NULL);
+    if (r == NULL)
+        return -1;
+    if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 2) {
+        Py_DECREF(r);
+        PyErr_SetString(PyExc_TypeError, "put() must return (args, kwargs)");
+        return -1;
+    }
+    Py_SETREF(c->targs, Py_NewRef(PyTuple_GET_ITEM(r, 0)));
+    Py_SETREF(c->tkw, Py_NewRef(PyTuple_GET_ITEM(r, 1)));
+    Py_DECREF(r);
+    if (!PyTuple_Check(c->targs) || !PyDict_Check(c->tkw)) {
+        PyErr_SetString(PyExc_TypeError, "put() must return (tuple, dict)");
+        return -1;
+    }
+    c->replaced = 1;
+    return 0;
 }
 
 static PyObject *
@@ -295,6 +431,47 @@ owner_now(Wrapper *w)
     return PyObject_CallMethod(w->owner_var, "get", NULL);
 }
 
+/* A site seen before is found without building its key: a direct-mapped cache from the raw
+   frames (code object addresses, instruction offsets) and the owner to the interned site. Only
+   keys found in SITES' index are cached: the table keeps every code object of every key it
+   holds alive (and forgets none), so an address in the cache cannot be reused by another code
+   object. */
+#define CACHE_SLOTS 1024
+#define CACHE_FRAMES 8
+
+typedef struct {
+    PyObject *index;    /* the site table's index the site came from (a strong reference) */
+    long owner;
+    int n;
+    void *code[CACHE_FRAMES];
+    int lasti[CACHE_FRAMES];
+    PyObject *site;
+} SiteCacheEntry;
+
+static SiteCacheEntry site_cache[CACHE_SLOTS];
+
+static size_t
+cache_slot(long owner, int n, void *const *code, const int *lasti)
+{
+    size_t h = (size_t)owner * 0x9E3779B97F4A7C15ull + (size_t)n;
+    int i;
+    for (i = 0; i < n; i++) {
+        h ^= ((size_t)code[i] >> 4) + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+        h ^= (size_t)lasti[i] * 0xC2B2AE3D27D4EB4Full + (h << 6) + (h >> 2);
+    }
+    return (h ^ (h >> 29)) & (CACHE_SLOTS - 1);
+}
+
+static int
+frame_lasti(PyFrameObject *f)
+{
+#if PY_VERSION_HEX >= 0x030B0000
+    return PyFrame_GetLasti(f);
+#else
+    return f->f_lasti < 0 ? -1 : f->f_lasti * (int)sizeof(_Py_CODEUNIT);
+#endif
+}
+
 /* SITES.capture(depth, limit, owner) for the caller of the wrapper, in C: the same key, the
    same interned site. A site seen for the first time is interned by SITES._intern. */
 static PyObject *
@@ -305,6 +482,11 @@ capture_native(Wrapper *w, int limit, PyObject *owner)
     Py_ssize_t n = 0, i;
     PyObject *parts[1 + 2 * 64];
     PyObject **heap = NULL, **items = parts;
+    long owner_long = 0;
+    int cacheable = 0, nframes = 0;
+    void *codes[CACHE_FRAMES];
+    int lastis[CACHE_FRAMES];
+    size_t slot = 0;
 
     if (!limit) {
         int t = truthy(owner);
@@ -324,6 +506,56 @@ capture_native(Wrapper *w, int limit, PyObject *owner)
             Py_DECREF(zero);
             return res;
         }
+        if (limit <= CACHE_FRAMES && PyLong_CheckExact(owner)) {
+            int overflow = 0;
+            owner_long = PyLong_AsLongAndOverflow(owner, &overflow);
+            cacheable = !overflow && !(owner_long == -1 && PyErr_Occurred());
+            PyErr_Clear();
+        }
+        if (cacheable) {
+            /* the raw frames first: a hit needs nothing else */
+            PyFrameObject *g = (PyFrameObject *)Py_NewRef(f);
+            while (nframes < limit && g != NULL) {
+                PyCodeObject *code = PyFrame_GetCode(g);
+                PyFrameObject *back;
+                codes[nframes] = (void *)code;
+                Py_DECREF(code);
+                lastis[nframes] = frame_lasti(g);
+                nframes++;
+                back = PyFrame_GetBack(g);
+                Py_DECREF(g);
+                g = back;
+            }
+            Py_XDECREF(g);
+            slot = cache_slot(owner_long, nframes, codes, lastis);
+            {
+                SiteCacheEntry *e = &site_cache[slot];
+                if (e->site != NULL && e->index == w->sites_index && e->owner == owner_long &&
+                    e->n == nframes &&
+                    memcmp(e->code, codes, sizeof(void *) * (size_t)nframes) == 0 &&
+                    memcmp(e->lasti, lastis, sizeof(int) * (size_t)nframes) == 0)
+                    return Py_NewRef(e->site);
+            }
+            key = PyTuple_New(1 + 2 * (Py_ssize_t)nframes);
+            if (key == NULL)
+                return NULL;
+            PyTuple_SET_ITEM(key, 0, Py_NewRef(owner));
+            for (i = 0; i < nframes; i++) {
+                PyObject *c = PyLong_FromVoidPtr(codes[i]), *l;
+                if (c == NULL) {
+                    Py_DECREF(key);
+                    return NULL;
+                }
+                PyTuple_SET_ITEM(key, 1 + 2 * i, c);
+                l = PyLong_FromLong(lastis[i]);
+                if (l == NULL) {
+                    Py_DECREF(key);
+                    return NULL;
+                }
+                PyTuple_SET_ITEM(key, 2 + 2 * i, l);
+            }
+            goto lookup;
+        }
         if (limit > 64) {
             heap = PyMem_Malloc(sizeof(PyObject *) * (1 + 2 * (size_t)limit));
             if (heap == NULL)
@@ -335,12 +567,7 @@ capture_native(Wrapper *w, int limit, PyObject *owner)
         Py_INCREF(f);
         for (i = 0; i < limit && f != NULL; i++) {
             PyCodeObject *code = PyFrame_GetCode(f);
-            int lasti;
-#if PY_VERSION_HEX >= 0x030B0000
-            lasti = PyFrame_GetLasti(f);
-#else
-            lasti = f->f_lasti < 0 ? -1 : f->f_lasti * (int)sizeof(_Py_CODEUNIT);
-#endif
+            int lasti = frame_lasti(f);
             items[n] = PyLong_FromVoidPtr(code);
             Py_DECREF(code);
             if (items[n] == NULL)
@@ -368,12 +595,22 @@ capture_native(Wrapper *w, int limit, PyObject *owner)
             PyMem_Free(heap);
         heap = NULL;
     }
+lookup:
     if (key == NULL)
         return NULL;
     site = PyDict_GetItemWithError(w->sites_index, key);
     if (site != NULL) {
         Py_INCREF(site);
         Py_DECREF(key);
+        if (cacheable) {
+            SiteCacheEntry *e = &site_cache[slot];
+            Py_XSETREF(e->site, Py_NewRef(site));
+            Py_XSETREF(e->index, Py_NewRef(w->sites_index));
+            e->owner = owner_long;
+            e->n = nframes;
+            memcpy(e->code, codes, sizeof(void *) * (size_t)nframes);
+            memcpy(e->lasti, lastis, sizeof(int) * (size_t)nframes);
+        }
         return site;
     }
     if (PyErr_Occurred()) {
@@ -516,14 +753,146 @@ ids_ok(PyObject *list, Hot *h, int want, long long *ids)
     return 1;
 }
 
-/* A new list of the call's ids, or None (careful path), or NULL with an error. Exact ints and
-   lists/tuples of exact ints are read here when ``plain``; everything else by the reader. */
+/* fastread's kinds (fastread.OTHER, ARRAY, SCALAR) */
+enum { K_OTHER = 0, K_ARRAY = 1, K_SCALAR = 2 };
+
+static PyObject *s_ndim, *s_dtype, *s_kind, *s_tolist;
+
+/* fastread.plain_ids for a numpy array or scalar whose type fastread has learned: a new list,
+   None (not ids the fast path takes), or NotImplemented (not learned: ask the Python reader). */
+static PyObject *
+read_numpy(Wrapper *w, PyObject *value)
+{
+    PyObject *kind = PyDict_GetItemWithError(w->kinds, (PyObject *)Py_TYPE(value));
+    long k;
+    if (kind == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    k = PyLong_Check(kind) ? PyLong_AsLong(kind) : -1;
+    if (k == K_ARRAY) {
+        PyObject *ndim, *dtype, *dkind;
+        int ok;
+        ndim = PyObject_GetAttr(value, s_ndim);
+        if (ndim == NULL)
+            return NULL;
+        if (!PyLong_CheckExact(ndim)) {  /* ``ndim == 1`` is Python's to answer */
+            Py_DECREF(ndim);
+            Py_RETURN_NOTIMPLEMENTED;
+        }
+        ok = PyLong_AsLong(ndim) == 1;
+        Py_DECREF(ndim);
+        if (PyErr_Occurred())
+            PyErr_Clear();  /* a huge ndim is not 1 */
+        if (!ok)
+            Py_RETURN_NONE;
+        dtype = PyObject_GetAttr(value, s_dtype);
+        if (dtype == NULL)
+            return NULL;
+        dkind = PyObject_GetAttr(dtype, s_kind);
+        Py_DECREF(dtype);
+        if (dkind == NULL)
+            return NULL;
+        /* ``dtype.kind in "iu"``: one of "i", "u" (or "", "iu") */
+        ok = 0;
+        if (PyUnicode_Check(dkind)) {
+            Py_ssize_t len = PyUnicode_GET_LENGTH(dkind);
+            if (len == 0 || PyUnicode_CompareWithASCIIString(dkind, "i") == 0 ||
+                PyUnicode_CompareWithASCIIString(dkind, "u") == 0 ||
+                PyUnicode_CompareWithASCIIString(dkind, "iu") == 0)
+                ok = 1;
+            Py_DECREF(dkind);
+        }
+        else {  /* not a str: let Python say what ``in`` does with it */
+            Py_DECREF(dkind);
+            Py_RETURN_NOTIMPLEMENTED;
+        }
+        if (!ok)
+            Py_RETURN_NONE;
+        return PyObject_CallMethodNoArgs(value, s_tolist);
+    }
+    if (k == K_SCALAR) {
+        PyObject *one, *b = PyNumber_Long(value);
+        if (b == NULL)
+            return NULL;
+        one = PyList_New(1);
+        if (one == NULL) {
+            Py_DECREF(b);
+            return NULL;
+        }
+        PyList_SET_ITEM(one, 0, b);
+        return one;
+    }
+    Py_RETURN_NOTIMPLEMENTED;  /* OTHER: the Python reader may still read a tensor */
+}
+
+/* shadowing.fast_reader's read_objects, for a spec with a plain ``id_attr``. */
+static PyObject *
+read_objects(Wrapper *w, PyObject *value)
+{
+    Py_ssize_t i;
+    PyObject *out;
+    if (!PyList_CheckExact(value) && !PyTuple_CheckExact(value))
+        Py_RETURN_NONE;
+    if (w->skip != Py_None) {
+        if (w->keeps_all != Py_None) {
+            PyObject *r = PyObject_CallFunctionObjArgs(w->keeps_all, w->allocator, value, NULL);
+            int t;
+            if (r == NULL)
+                return NULL;
+            t = PyObject_IsTrue(r);
+            Py_DECREF(r);
+            if (t < 0)
+                return NULL;
+            if (!t)
+                Py_RETURN_NONE;
+        }
+        else {
+            /* any(map(skip, value)) */
+            for (i = 0; i < PySequence_Fast_GET_SIZE(value); i++) {
+                PyObject *r = PyObject_CallOneArg(w->skip, PySequence_Fast_GET_ITEM(value, i));
+                int t;
+                if (r == NULL)
+                    return NULL;
+                t = PyObject_IsTrue(r);
+                Py_DECREF(r);
+                if (t < 0)
+                    return NULL;
+                if (t)
+                    Py_RETURN_NONE;
+            }
+        }
+    }
+    /* list(map(attrgetter(id_attr), value)); a list the skip mutated is read as it is now */
+    out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    for (i = 0; i < PySequence_Fast_GET_SIZE(value); i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(value, i), *b;
+        Py_INCREF(item);
+        b = PyObject_GetAttr(item, w->id_attr);
+        Py_DECREF(item);
+        if (b == NULL || PyList_Append(out, b) < 0) {
+            Py_XDECREF(b);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(b);
+    }
+    return out;
+}
+
+/* A new list of the call's ids, or None (careful path), or NULL with an error: what the spec's
+   Python reader returns, read here for exact ints, lists/tuples of them, learned numpy types
+   and block objects; the Python reader for everything else. */
 static PyObject *
 read_ids(Wrapper *w, PyObject *value)
 {
+    if (w->id_attr != Py_None)
+        return read_objects(w, value);
     if (w->plain) {
-        if (PyLong_CheckExact(value))
-        {
+        if (PyLong_CheckExact(value)) {
             PyObject *one = PyList_New(1);
             if (one != NULL)
                 PyList_SET_ITEM(one, 0, Py_NewRef(value));
@@ -537,6 +906,12 @@ read_ids(Wrapper *w, PyObject *value)
                     break;
             if (i == n)
                 return PySequence_List(value);
+        }
+        else if (w->kinds != Py_None) {
+            PyObject *r = read_numpy(w, value);
+            if (r != Py_NotImplemented)
+                return r;
+            Py_DECREF(r);
         }
     }
     return PyObject_CallOneArg(w->read, value);
@@ -556,6 +931,25 @@ append_history(Wrapper *w, PyObject *clock, PyObject *ids, PyObject *site, PyObj
 
 #define SMALL 32
 
+/* ``tick()``. The guard's tick is ``itertools.count(...).__next__``: construction passes the
+   count as tick_iter, whose tp_iternext is called straight (through the method-wrapper it
+   costs several times more); otherwise tick is called. */
+static PyObject *
+next_tick(Wrapper *w)
+{
+    PyObject *self;
+    if (w->tick_iter != NULL) {
+        self = w->tick_iter;
+        {
+            PyObject *r = Py_TYPE(self)->tp_iternext(self);
+            if (r == NULL && !PyErr_Occurred())
+                PyErr_SetNone(PyExc_StopIteration);
+            return r;
+        }
+    }
+    return PyObject_CallNoArgs(w->tick);
+}
+
 /* --- release (free / share) under the lock ---------------------------------------------- */
 
 static PyObject *
@@ -571,31 +965,16 @@ release_locked(Wrapper *w, Call *c)
     Py_ssize_t n, i;
 
     if (w->read != Py_None) {
-        if (w->drain && value != NULL &&
-            PySet_Contains(w->iterators, (PyObject *)Py_TYPE(value)) == 1) {
-            PyObject *r;
+        int one_shot = w->drain ? PySet_Contains(w->iterators, (PyObject *)Py_TYPE(value)) : 0;
+        if (one_shot < 0)
+            goto error;
+        if (one_shot) {  /* read once, forward the list */
             drained = PySequence_List(value);
             if (drained == NULL)
                 goto error;
             value = drained;
-            if (call_materialize(c) < 0)
+            if (call_put(w, c, drained) < 0)
                 goto error;
-            r = PyObject_CallFunctionObjArgs(w->put, c->targs, c->tkw, drained, NULL);
-            if (r == NULL)
-                goto error;
-            if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 2) {
-                Py_DECREF(r);
-                PyErr_SetString(PyExc_TypeError, "put() must return (args, kwargs)");
-                goto error;
-            }
-            Py_SETREF(c->targs, Py_NewRef(PyTuple_GET_ITEM(r, 0)));
-            Py_SETREF(c->tkw, Py_NewRef(PyTuple_GET_ITEM(r, 1)));
-            Py_DECREF(r);
-            if (!PyTuple_Check(c->targs) || !PyDict_Check(c->tkw)) {
-                PyErr_SetString(PyExc_TypeError, "put() must return (tuple, dict)");
-                goto error;
-            }
-            c->replaced = 1;
         }
         /* try: ids, hot, held; except Exception: careful path */
         ids = read_ids(w, value);
@@ -685,7 +1064,7 @@ release_locked(Wrapper *w, Call *c)
         result = call_original(w, c);
         if (result == NULL)
             goto error;
-        clock = PyObject_CallNoArgs(w->tick);
+        clock = next_tick(w);
         if (clock == NULL)
             goto error;
         {
@@ -718,8 +1097,8 @@ release_locked(Wrapper *w, Call *c)
                             goto error;
                     }
                 }
-                if (stats_add(w->stats, s_share_calls, 1) < 0 ||
-                    stats_add(w->stats, s_blocks_shared, n) < 0)
+                if (stats_bump(w->stats, w->off_calls, s_share_calls, 1) < 0 ||
+                    stats_bump(w->stats, w->off_blocks, s_blocks_shared, n) < 0)
                     goto error;
                 if (w->history != Py_None) {
                     PyObject *r = append_history(w, clock, ids, site, h.pool, s_share);
@@ -776,8 +1155,8 @@ release_locked(Wrapper *w, Call *c)
                 }
                 n = dropped;
             }
-            if (stats_add(w->stats, s_free_calls, 1) < 0 ||
-                stats_add(w->stats, s_blocks_freed, n) < 0)
+            if (stats_bump(w->stats, w->off_calls, s_free_calls, 1) < 0 ||
+                stats_bump(w->stats, w->off_blocks, s_blocks_freed, n) < 0)
                 goto error;
             if (w->history != Py_None) {
                 PyObject *r = append_history(w, clock, ids, site, h.pool, s_free);
@@ -876,7 +1255,7 @@ allocate_locked(Wrapper *w, Call *c)
         site = capture_site(w, who);
         if (site == NULL)
             goto error;
-        clock = PyObject_CallNoArgs(w->tick);
+        clock = next_tick(w);
         if (clock == NULL)
             goto error;
         {
@@ -898,8 +1277,8 @@ allocate_locked(Wrapper *w, Call *c)
                 }
             }
         }
-        if (stats_add(w->stats, s_alloc_calls, 1) < 0 ||
-            stats_add(w->stats, s_blocks_allocated, n) < 0)
+        if (stats_bump(w->stats, w->off_calls, s_alloc_calls, 1) < 0 ||
+            stats_bump(w->stats, w->off_blocks, s_blocks_allocated, n) < 0)
             goto error;
         if (w->history != Py_None) {
             PyObject *r = append_history(w, clock, ids, site, h.pool, s_allocate);
@@ -965,6 +1344,7 @@ wrapper_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObjec
     c.kwnames = (kwnames != NULL && PyTuple_GET_SIZE(kwnames)) ? kwnames : NULL;
     c.targs = c.tkw = NULL;
     c.replaced = 0;
+    c.stack = NULL;
     ret = w->kind == KIND_ALLOC ? allocate_locked(w, &c) : release_locked(w, &c);
     call_clear(&c);
 
@@ -1000,7 +1380,7 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     Wrapper *w;
     PyObject *guard, *original, *lock, *name, *dflt, *read, *main, *ledger_of, *put, *iterators,
         *stats, *history, *capture, *sites_index, *sites, *owner_var, *tick, *slow,
-        *engine_count, *contain;
+        *engine_count, *contain, *kinds, *id_attr, *skip, *keeps_all, *allocator, *tick_iter;
     Py_ssize_t pos;
     int kind, plain, drain, depth;
 
@@ -1008,10 +1388,11 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_TypeError, "Wrapper() takes positional arguments only");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "iOOOnOOOpOOpOOOOiOOOOOOOO:Wrapper", &kind, &guard, &original,
+    if (!PyArg_ParseTuple(args, "iOOOnOOOpOOpOOOOiOOOOOOOOOOOOOO:Wrapper", &kind, &guard, &original,
                           &lock, &pos, &name, &dflt, &read, &plain, &main, &ledger_of, &drain,
                           &put, &iterators, &stats, &history, &depth, &capture, &sites_index,
-                          &sites, &owner_var, &tick, &slow, &engine_count, &contain))
+                          &sites, &owner_var, &tick, &slow, &engine_count, &contain,
+                          &kinds, &id_attr, &skip, &keeps_all, &allocator, &tick_iter))
         return NULL;
     if (kind < KIND_FREE || kind > KIND_ALLOC) {
         PyErr_SetString(PyExc_ValueError, "kind must be 0 (free), 1 (share) or 2 (allocate)");
@@ -1023,6 +1404,11 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     }
     if (sites_index != Py_None && (!PyDict_Check(sites_index) || sites == Py_None)) {
         PyErr_SetString(PyExc_TypeError, "sites_index must be a dict (with sites)");
+        return NULL;
+    }
+    if ((kinds != Py_None && !PyDict_Check(kinds)) ||
+        (id_attr != Py_None && !PyUnicode_Check(id_attr))) {
+        PyErr_SetString(PyExc_TypeError, "kinds must be a dict or None, id_attr a str or None");
         return NULL;
     }
     if (name != Py_None && !PyUnicode_Check(name)) {
@@ -1058,9 +1444,32 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     w->sites = Py_NewRef(sites);
     w->owner_var = Py_NewRef(owner_var);
     w->tick = Py_NewRef(tick);
+    w->tick_iter = NULL;
+    if (tick_iter != Py_None) {
+        if (Py_TYPE(tick_iter)->tp_iternext == NULL) {
+            Py_DECREF(w);
+            PyErr_SetString(PyExc_TypeError, "tick_iter must be an iterator or None");
+            return NULL;
+        }
+        w->tick_iter = Py_NewRef(tick_iter);
+    }
     w->slow = Py_NewRef(slow);
     w->engine_count = Py_NewRef(engine_count);
     w->contain = Py_NewRef(contain);
+    w->kinds = Py_NewRef(kinds);
+    w->id_attr = Py_NewRef(id_attr);
+    w->skip = Py_NewRef(skip);
+    w->keeps_all = Py_NewRef(keeps_all);
+    w->allocator = Py_NewRef(allocator);
+    {
+        PyObject *calls = kind == KIND_FREE ? s_free_calls : kind == KIND_SHARE ? s_share_calls
+                                                                           : s_alloc_calls;
+        PyObject *blocks = kind == KIND_FREE ? s_blocks_freed : kind == KIND_SHARE
+                                                                    ? s_blocks_shared
+                                                                    : s_blocks_allocated;
+        w->off_calls = slot_offset(stats, calls);
+        w->off_blocks = slot_offset(stats, blocks);
+    }
     if (w->owned == NULL || w->acquire == NULL || w->unlock == NULL || w->history == NULL) {
         Py_DECREF(w);
         return NULL;
@@ -1104,9 +1513,15 @@ wrapper_traverse(Wrapper *w, visitproc visit, void *arg)
     Py_VISIT(w->sites);
     Py_VISIT(w->owner_var);
     Py_VISIT(w->tick);
+    Py_VISIT(w->tick_iter);
     Py_VISIT(w->slow);
     Py_VISIT(w->engine_count);
     Py_VISIT(w->contain);
+    Py_VISIT(w->kinds);
+    Py_VISIT(w->id_attr);
+    Py_VISIT(w->skip);
+    Py_VISIT(w->keeps_all);
+    Py_VISIT(w->allocator);
     return 0;
 }
 
@@ -1133,9 +1548,15 @@ wrapper_clear(Wrapper *w)
     Py_CLEAR(w->sites);
     Py_CLEAR(w->owner_var);
     Py_CLEAR(w->tick);
+    Py_CLEAR(w->tick_iter);
     Py_CLEAR(w->slow);
     Py_CLEAR(w->engine_count);
     Py_CLEAR(w->contain);
+    Py_CLEAR(w->kinds);
+    Py_CLEAR(w->id_attr);
+    Py_CLEAR(w->skip);
+    Py_CLEAR(w->keeps_all);
+    Py_CLEAR(w->allocator);
     return 0;
 }
 
@@ -1277,6 +1698,10 @@ PyInit__fastpath(void)
     INTERN(s_blocks_shared, "blocks_shared");
     INTERN(s_alloc_calls, "alloc_calls");
     INTERN(s_blocks_allocated, "blocks_allocated");
+    INTERN(s_ndim, "ndim");
+    INTERN(s_dtype, "dtype");
+    INTERN(s_kind, "kind");
+    INTERN(s_tolist, "tolist");
     array_mod = PyImport_ImportModule("array");
     if (array_mod == NULL)
         return NULL;

@@ -25,6 +25,9 @@ spec with ``iterator_ok`` (vLLM's ``free_blocks(reversed(blocks))``) reads them 
 _kinds: dict = {int: SCALAR, bool: OTHER}
 """Type -> kind, learned per type on first sight (one dict lookup afterwards)."""
 _KINDS_MAX = 512
+KINDS = _kinds
+"""The same table, read by the compiled wrappers (``kvguard._fastpath``): a type learned here
+is read there the same way; one not learned yet goes through ``plain_ids``, which learns it."""
 
 
 def _kind(tp) -> int:

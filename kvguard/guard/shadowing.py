@@ -16,16 +16,17 @@ from __future__ import annotations
 
 import functools
 import importlib
+import itertools
 import operator
 import os
 
-from ..fastread import ITERATORS, plain_ids
+from ..fastread import ITERATORS, KINDS, plain_ids
 from ..ids import torch_tensor_type
 from ..marks import ATTR
 from ..owners import ACTIVE_OWNER
 from ..stacks import SITES, SiteTable
 from . import careful
-from .arguments import MISSING
+from .arguments import MISSING, Param
 from .bookkeeping import commit_allocation
 from .decisions import contain, protect
 
@@ -209,7 +210,8 @@ def wrap_release(guard, original, method, param, share):
     if ACCEL is not None:
         return accelerated(
             ACCEL.SHARE if share else ACCEL.FREE, guard, original, param, read, plain, main,
-            ledger_of, drain, put, stacks_slow(slow), engine_count)
+            ledger_of, drain, None if type(param) is Param else put, stacks_slow(slow),
+            engine_count)
 
     def release(*args, **kwargs):
         if owned():  # the allocator calling itself, or the guard forwarding: pass through
@@ -405,6 +407,12 @@ def accelerated(kind, guard, original, param, read, plain, main, ledger_of, drai
     capture = guard._capture
     native = getattr(capture, "__self__", None) is SITES and \
         getattr(capture, "__func__", None) is SiteTable.capture
+    # The readers it runs itself, exactly as ``fast_reader``'s: plain ints, lists of them and
+    # numpy types ``fastread`` has learned when ``plain``; block objects by a plain ``id_attr``.
+    spec = guard.spec
+    counter = getattr(guard._tick, "__self__", None)  # the guard's itertools.count
+    objects = read is not None and spec.id_attr is not None and "." not in spec.id_attr
+    skip = spec.skip if objects else None
     wrapper = ACCEL.Wrapper(
         kind, guard, original, guard.lock,
         param.pos if param is not None and param.pos is not None else -1,
@@ -413,7 +421,9 @@ def accelerated(kind, guard, original, param, read, plain, main, ledger_of, drai
         read, plain, main, ledger_of, drain, put, ITERATORS, guard.stats, guard.history,
         guard._depth, capture, SITES._index if native else None,
         SITES if native else None, ACTIVE_OWNER, guard._tick, slow, engine_count,
-        contain)
+        contain, KINDS if plain else None, spec.id_attr if objects else None, skip,
+        getattr(skip, "keeps_all", None), guard.allocator if objects else None,
+        counter if type(counter) is itertools.count else None)
     wrapper.__wrapped__ = original
     wrapper.__kvguard__ = guard
     wrapper.__name__ = wrapper.__qualname__ = "allocate" if kind == ACCEL.ALLOCATE else "release"

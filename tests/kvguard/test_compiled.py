@@ -35,7 +35,7 @@ from kvguard.guard import shadowing
 from kvguard.stacks import SITES
 
 from .conftest import compiled_wrappers
-from .helpers import snapshot
+from .helpers import ledger_state, snapshot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -257,9 +257,9 @@ def test_reference_counts_of_ids_and_results_do_not_drift(implementation):
         for _ in range(500):
             a.share(arg)
             a.free(arg)
-            a.free([probe, big])  # foreign: the careful path (repaired away)
+            a.free([probe, big])  # noqa: KVG104 (foreign: the careful path, repaired away)
             a.share((ids[0],))
-            a.free((ids[0], ids[0]))  # a duplicate: careful, one reference dropped
+            a.free((ids[0], ids[0]))  # noqa: KVG104 (a duplicate: careful, one dropped)
     finally:
         logging.getLogger("kvguard").disabled = False
     for _ in range(500):
@@ -353,3 +353,32 @@ def test_wrappers_look_like_the_closures_to_the_rest_of_kvguard(implementation):
     assert set(g.live) == set(ids)
     g.unguard()
     assert "free" not in vars(a)
+
+
+@pytest.mark.parametrize("by_keyword", [False, True])
+def test_a_drained_iterator_is_forwarded_by_position_or_keyword(by_keyword):
+    """``iterator_ok`` specs (vLLM's ``free_blocks(reversed(blocks))``): the iterator is read
+    once and the allocator gets the list, whichever way the ids were passed; the same on both
+    implementations and the careful path."""
+    from .test_fastpath import SHAPES, TolerantPool
+
+    spec = SHAPES["id_attr_hinted"][1]
+    seen = []
+    built = compiled_wrappers()
+    for accel, fast in ([(built, True)] if built else []) + [(None, True), (None, False)]:
+        a = TolerantPool(objects=True)
+        saved, shadowing.ACCEL = shadowing.ACCEL, accel
+        try:
+            g = kvguard.guard(a, spec, stacks="off", fast_path=fast)
+        finally:
+            shadowing.ACCEL = saved
+        blocks = a.allocate(3)
+        a.share(blocks[:1])
+        if by_keyword:
+            a.free(ids=reversed(blocks), pool=0)
+        else:
+            a.free(reversed(blocks), 0)
+        seen.append((a.state(), ledger_state(g), g.stats.to_dict(),
+                     [(entry[0], entry[1], entry[4]) for entry in g.history]))
+    assert all(s == seen[-1] for s in seen)
+    assert seen[-1][0][0][0][blocks[0].block_id] == 1  # one reference left: the share's

@@ -19,7 +19,8 @@ the newest running request is preempted (``free``) and re-queued to recompute, a
 scheduler does; finished requests are freed (``free_blocks(reversed(blocks))``).
 
 Raw and guarded runs (the built-in vLLM spec, as ``pytest -p kvguard`` or ``KVGUARD=1`` would
-install it) alternate in one process with garbage collection off, timed in CPU time of the
+install it; where the compiled wrappers are in use, also on the Python wrappers, "[pure]")
+alternate in one process with garbage collection off, timed in CPU time of the
 thread; the figures are the fastest round of each: the manager's own time per scheduler step,
 the time the guard adds per step, and their ratio. Only the KV-cache manager runs here: in a
 serving process each step also runs the model forward pass (milliseconds on a GPU), so the added
@@ -44,6 +45,8 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import kvguard  # noqa: E402
+from bench_guard import wrappers  # noqa: E402
+from kvguard.guard import shadowing  # noqa: E402
 from kvguard.staging import StagingConfig  # noqa: E402
 
 BLOCK_SIZE = 16
@@ -141,9 +144,10 @@ def schedule(manager, pool, workload, max_running: int = 128) -> int:
     return steps
 
 
-def timed(make, workload, guard_options):
+def timed(make, workload, guard_options, pure=False):
     pool, manager = make()
-    guard = kvguard.guard(pool, **guard_options) if guard_options is not None else None
+    with wrappers(pure):
+        guard = kvguard.guard(pool, **guard_options) if guard_options is not None else None
     gc.collect()
     gc.disable()
     try:
@@ -188,10 +192,13 @@ def main() -> int:
                     "stacks cheap": {"stacks": "cheap"},
                     "staging (log, SAMPLE=100)":
                         StagingConfig(sample=100, stacks="full").guard_options()}
+        if shadowing.ACCEL is not None:  # the Python wrappers beside the compiled ones
+            variants.update({f"{name} [pure]": variants[name]
+                             for name in ("stacks off", "stacks cheap")})
         best = {name: None for name in variants}
         for _ in range(args.rounds):
             for name, options in variants.items():
-                elapsed, steps, guard = timed(make, workload, options)
+                elapsed, steps, guard = timed(make, workload, options, name.endswith("[pure]"))
                 if best[name] is None or elapsed < best[name][0]:
                     best[name] = (elapsed, steps, guard)
         raw, steps, _ = best["raw"]
@@ -201,6 +208,8 @@ def main() -> int:
               f"{stats.alloc_calls} get_new_blocks, {stats.share_calls} touch, "
               f"{stats.free_calls} free_blocks calls per run; fastest of {args.rounds} rounds")
         print(f"  raw: the manager's own time {raw / steps * 1e6:.1f} us per scheduler step")
+        print("  guard wrappers: " + ("compiled (kvguard._fastpath); [pure]: the Python wrappers"
+                                      if shadowing.ACCEL is not None else "Python"))
         for name, (elapsed, _, _) in best.items():
             if name == "raw":
                 continue

@@ -266,6 +266,7 @@ typedef struct {
     /* Guard.stats counters as __slots__ members: their offsets (-1: go through getattr) */
     Py_ssize_t off_calls, off_blocks;
     PyObject *tick_iter;     /* tick's iterator when tick is exactly its __next__, else NULL */
+    PyObject *draw, *chance; /* a sampled capture over SITES: its generator and chance; None */
 } Wrapper;
 
 static PyTypeObject Wrapper_Type;
@@ -648,7 +649,28 @@ capture_site(Wrapper *w, PyObject *who)
         if (!t)
             return PyLong_FromLong(0);
     }
-    if (w->sites_index != Py_None)
+    if (w->draw != Py_None) {
+        /* front._sampled_capture, in C: ``capture(limit) if draw() < chance else (capture(0)
+           if owner else 0)``, drawing from the same generator */
+        PyObject *r = PyObject_CallNoArgs(w->draw);
+        int lt = -1;
+        if (r != NULL) {
+            if (PyFloat_CheckExact(r) && PyFloat_CheckExact(w->chance))
+                lt = PyFloat_AS_DOUBLE(r) < PyFloat_AS_DOUBLE(w->chance);
+            else
+                lt = PyObject_RichCompareBool(r, w->chance, Py_LT);
+            Py_DECREF(r);
+        }
+        if (lt < 0)
+            site = NULL;
+        else if (lt)
+            site = capture_native(w, w->depth, who);
+        else {
+            t = truthy(who);
+            site = t < 0 ? NULL : t ? capture_native(w, 0, who) : PyLong_FromLong(0);
+        }
+    }
+    else if (w->sites_index != Py_None)
         site = capture_native(w, w->depth, who);
     else
         site = PyObject_CallFunction(w->capture, "iiO", 0, w->depth, who);
@@ -1380,7 +1402,7 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     Wrapper *w;
     PyObject *guard, *original, *lock, *name, *dflt, *read, *main, *ledger_of, *put, *iterators,
         *stats, *history, *capture, *sites_index, *sites, *owner_var, *tick, *slow,
-        *engine_count, *contain, *kinds, *id_attr, *skip, *keeps_all, *allocator, *tick_iter;
+        *engine_count, *contain, *kinds, *id_attr, *skip, *keeps_all, *allocator, *tick_iter, *draw, *chance;
     Py_ssize_t pos;
     int kind, plain, drain, depth;
 
@@ -1388,11 +1410,12 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_TypeError, "Wrapper() takes positional arguments only");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "iOOOnOOOpOOpOOOOiOOOOOOOOOOOOOO:Wrapper", &kind, &guard, &original,
+    if (!PyArg_ParseTuple(args, "iOOOnOOOpOOpOOOOiOOOOOOOOOOOOOOOO:Wrapper", &kind, &guard, &original,
                           &lock, &pos, &name, &dflt, &read, &plain, &main, &ledger_of, &drain,
                           &put, &iterators, &stats, &history, &depth, &capture, &sites_index,
                           &sites, &owner_var, &tick, &slow, &engine_count, &contain,
-                          &kinds, &id_attr, &skip, &keeps_all, &allocator, &tick_iter))
+                          &kinds, &id_attr, &skip, &keeps_all, &allocator, &tick_iter,
+                          &draw, &chance))
         return NULL;
     if (kind < KIND_FREE || kind > KIND_ALLOC) {
         PyErr_SetString(PyExc_ValueError, "kind must be 0 (free), 1 (share) or 2 (allocate)");
@@ -1400,6 +1423,10 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     }
     if (!PyAnySet_Check(iterators)) {
         PyErr_SetString(PyExc_TypeError, "iterators must be a set of types");
+        return NULL;
+    }
+    if (draw != Py_None && sites_index == Py_None) {
+        PyErr_SetString(PyExc_TypeError, "a sampled capture (draw) needs sites_index");
         return NULL;
     }
     if (sites_index != Py_None && (!PyDict_Check(sites_index) || sites == Py_None)) {
@@ -1444,6 +1471,8 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     w->sites = Py_NewRef(sites);
     w->owner_var = Py_NewRef(owner_var);
     w->tick = Py_NewRef(tick);
+    w->draw = Py_NewRef(draw);
+    w->chance = Py_NewRef(chance);
     w->tick_iter = NULL;
     if (tick_iter != Py_None) {
         if (Py_TYPE(tick_iter)->tp_iternext == NULL) {
@@ -1514,6 +1543,8 @@ wrapper_traverse(Wrapper *w, visitproc visit, void *arg)
     Py_VISIT(w->owner_var);
     Py_VISIT(w->tick);
     Py_VISIT(w->tick_iter);
+    Py_VISIT(w->draw);
+    Py_VISIT(w->chance);
     Py_VISIT(w->slow);
     Py_VISIT(w->engine_count);
     Py_VISIT(w->contain);
@@ -1549,6 +1580,8 @@ wrapper_clear(Wrapper *w)
     Py_CLEAR(w->owner_var);
     Py_CLEAR(w->tick);
     Py_CLEAR(w->tick_iter);
+    Py_CLEAR(w->draw);
+    Py_CLEAR(w->chance);
     Py_CLEAR(w->slow);
     Py_CLEAR(w->engine_count);
     Py_CLEAR(w->contain);

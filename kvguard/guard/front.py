@@ -451,6 +451,7 @@ def _sampled_capture(every: int):
         if draw() < chance:
             return capture(depth + 1, limit, owner)
         return capture(depth + 1, 0, owner) if owner else 0
+    sampled.__kvguard_sample__ = (draw, chance, capture)  # what the compiled wrappers do here
     return sampled
 
 

@@ -405,8 +405,12 @@ def accelerated(kind, guard, original, param, read, plain, main, ledger_of, drai
     """The compiled twin of ``release`` / ``allocate`` (``kind``), bound to what the closure
     binds. Its careful path is ``slow``, called where the closure calls the careful path."""
     capture = guard._capture
-    native = getattr(capture, "__self__", None) is SITES and \
-        getattr(capture, "__func__", None) is SiteTable.capture
+    # front._sampled_capture (sample=N) over SITES.capture: drawn and captured in C too
+    draw, chance, inner = getattr(capture, "__kvguard_sample__", (None, None, capture))
+    native = getattr(inner, "__self__", None) is SITES and \
+        getattr(inner, "__func__", None) is SiteTable.capture
+    if not native:
+        draw = chance = None
     # The readers it runs itself, exactly as ``fast_reader``'s: plain ints, lists of them and
     # numpy types ``fastread`` has learned when ``plain``; block objects by a plain ``id_attr``.
     spec = guard.spec
@@ -423,7 +427,7 @@ def accelerated(kind, guard, original, param, read, plain, main, ledger_of, drai
         SITES if native else None, ACTIVE_OWNER, guard._tick, slow, engine_count,
         contain, KINDS if plain else None, spec.id_attr if objects else None, skip,
         getattr(skip, "keeps_all", None), guard.allocator if objects else None,
-        counter if type(counter) is itertools.count else None)
+        counter if type(counter) is itertools.count else None, draw, chance)
     wrapper.__wrapped__ = original
     wrapper.__kvguard__ = guard
     wrapper.__name__ = wrapper.__qualname__ = "allocate" if kind == ACCEL.ALLOCATE else "release"

@@ -235,6 +235,7 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *dict;
+    PyObject *weakreflist;   /* weakref.ref(allocator.free) works, as on a function */
     int kind;
     PyObject *guard, *original, *owned, *acquire, *unlock;
     Py_ssize_t pos;          /* -1: none */
@@ -873,8 +874,11 @@ read_objects(Wrapper *w, PyObject *value)
         else {
             /* any(map(skip, value)) */
             for (i = 0; i < PySequence_Fast_GET_SIZE(value); i++) {
-                PyObject *r = PyObject_CallOneArg(w->skip, PySequence_Fast_GET_ITEM(value, i));
+                /* A reference of our own: skip() may run code that drops the list's. */
+                PyObject *item = Py_NewRef(PySequence_Fast_GET_ITEM(value, i));
+                PyObject *r = PyObject_CallOneArg(w->skip, item);
                 int t;
+                Py_DECREF(item);
                 if (r == NULL)
                     return NULL;
                 t = PyObject_IsTrue(r);
@@ -1376,9 +1380,20 @@ wrapper_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObjec
         PyErr_Fetch(&type, &value, &tb);
         r = PyObject_CallNoArgs(w->unlock);
         if (r == NULL) {
+            /* As Python's ``finally``: the exception in flight becomes the new one's context. */
+            PyObject *type2, *value2, *tb2;
+            PyErr_NormalizeException(&type, &value, &tb);
+            if (tb != NULL && value != NULL)
+                PyException_SetTraceback(value, tb);
+            PyErr_Fetch(&type2, &value2, &tb2);
+            PyErr_NormalizeException(&type2, &value2, &tb2);
+            if (value2 != NULL && value != NULL && value2 != value)
+                PyException_SetContext(value2, value);  /* steals value */
+            else
+                Py_XDECREF(value);
             Py_XDECREF(type);
-            Py_XDECREF(value);
             Py_XDECREF(tb);
+            PyErr_Restore(type2, value2, tb2);
             return NULL;
         }
         Py_DECREF(r);
@@ -1597,6 +1612,8 @@ static void
 wrapper_dealloc(Wrapper *w)
 {
     PyObject_GC_UnTrack(w);
+    if (w->weakreflist != NULL)
+        PyObject_ClearWeakRefs((PyObject *)w);
     wrapper_clear(w);
     Py_TYPE(w)->tp_free((PyObject *)w);
 }
@@ -1658,6 +1675,7 @@ static PyTypeObject Wrapper_Type = {
     .tp_methods = wrapper_methods,
     .tp_getset = wrapper_getset,
     .tp_dictoffset = offsetof(Wrapper, dict),
+    .tp_weaklistoffset = offsetof(Wrapper, weakreflist),
     .tp_new = wrapper_new,
 };
 

@@ -19,6 +19,7 @@ import importlib
 import itertools
 import operator
 import os
+import sys
 
 from ..fastread import ITERATORS, KINDS, plain_ids
 from ..ids import torch_tensor_type
@@ -33,8 +34,12 @@ from .decisions import contain, protect
 
 def _accelerator():
     """``kvguard._fastpath`` (the same wrappers compiled: see ``accelerated``), or None when it
-    was not built, does not load, or ``KVGUARD_PURE=1`` asks for the closures."""
+    was not built, does not load, or ``KVGUARD_PURE=1`` asks for the closures. A free-threaded
+    interpreter running without the GIL gets the closures too: the C wrappers rely on the GIL
+    (importing them there would turn it back on for the whole process)."""
     if os.environ.get("KVGUARD_PURE", "") not in ("", "0"):
+        return None
+    if not getattr(sys, "_is_gil_enabled", lambda: True)():
         return None
     try:
         return importlib.import_module("kvguard._fastpath")

@@ -382,3 +382,121 @@ def test_a_drained_iterator_is_forwarded_by_position_or_keyword(by_keyword):
                      [(entry[0], entry[1], entry[4]) for entry in g.history]))
     assert all(s == seen[-1] for s in seen)
     assert seen[-1][0][0][0][blocks[0].block_id] == 1  # one reference left: the share's
+
+
+# --- found in review: a crash, a lost exception context, a wrapper weakref refused ----------
+
+
+class _Block:
+    def __init__(self, block_id):
+        self.block_id = block_id
+
+
+class _ObjectPool:
+    """Block objects by ``block_id`` (vLLM's shape), every free skipped item-by-item."""
+
+    num_blocks = 8
+
+    def __init__(self):
+        self.free_ids = list(range(8))
+
+    def allocate(self, n):
+        return [_Block(self.free_ids.pop(0)) for _ in range(n)]
+
+    def free(self, blocks):
+        for b in blocks:
+            self.free_ids.append(b.block_id)
+
+
+SKIP_DROPS_THE_ITEM = """
+    import functools, operator, sys
+    import kvguard
+    from kvguard import AllocatorSpec
+    from kvguard.guard import shadowing
+    from tests.kvguard.test_compiled import _Block, _ObjectPool
+
+    if sys.argv[1] == "pure":
+        shadowing.ACCEL = None
+    seen = []
+    held = []
+
+    class Item(_Block):
+        def __eq__(self, other):
+            seen.append(vars(self).get("block_id"))
+            return False
+        __hash__ = object.__hash__
+
+    class Sentinel:
+        def __eq__(self, other):
+            if held:
+                held.pop().clear()  # the list's only reference to the item goes
+            return NotImplemented   # ... and the reflected item.__eq__ runs on it
+
+    spec = AllocatorSpec(id_attr="block_id", skip=functools.partial(operator.eq, Sentinel()),
+                         size="num_blocks")
+    a = _ObjectPool()
+    kvguard.guard(a, spec, on_violation="log")
+    block = a.allocate(1)[0]
+    arg = [Item(block.block_id)]
+    held.append(arg)
+    del block
+    a.free(arg)
+    print(type(vars(a)["free"]).__name__, seen)
+"""
+
+
+@pytest.mark.parametrize("which", ["compiled", "pure"])
+def test_a_skip_that_drops_the_item_it_is_asked_about_does_not_crash(which):
+    """``skip`` is the engine's code; the wrapper holds its own reference to each item it asks
+    about, as the closure's ``map`` does (the C wrapper once passed a borrowed item: a
+    segfault when ``skip`` ran code that emptied the list)."""
+    if which == "compiled" and compiled_wrappers() is None:
+        pytest.skip("kvguard._fastpath is not built")
+    script = textwrap.dedent(SKIP_DROPS_THE_ITEM)
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    done = subprocess.run([sys.executable, "-c", script, which], env=environ, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    wrapper = "Wrapper" if which == "compiled" else "function"
+    assert done.stdout.split(None, 1) == [wrapper, "[0]\n"]  # the item was alive when asked
+
+
+class _UnlocksAndRaises(LinkedFreeList):
+    def free(self, ids):
+        vars(self)["__kvguard__"].lock.release()  # the guard's unlock() will then fail
+        raise ValueError("allocator error")
+
+
+def test_an_exception_on_the_way_out_keeps_the_allocators_as_its_context(implementation):
+    """As Python's ``finally``: when unlocking fails while the allocator's exception is in
+    flight, that exception is the new one's ``__context__``, not lost."""
+    a = _UnlocksAndRaises(4)
+    kvguard.guard(a, LINKED_FREE_LIST_SPEC)
+    ids = a.allocate(1)
+    with pytest.raises(RuntimeError) as raised:
+        a.free(ids)
+    assert isinstance(raised.value.__context__, ValueError)
+    assert str(raised.value.__context__) == "allocator error"
+
+
+def test_a_guarded_method_can_be_weakly_referenced(implementation):
+    """Callback registries hold methods weakly: a guard must not make that fail."""
+    import weakref
+
+    a = LinkedFreeList(4)
+    g = kvguard.guard(a, LINKED_FREE_LIST_SPEC)
+    ref = weakref.ref(vars(a)["free"])
+    assert ref() is vars(a)["free"]
+    ids = a.allocate(1)
+    ref()(ids)
+    assert g.live == {} and g.stats.free_calls == 1
+
+
+def test_an_interpreter_running_without_the_gil_gets_the_closures():
+    """The C wrappers rely on the GIL; on a free-threaded build running without it (modelled
+    here: ``sys._is_gil_enabled`` is what 3.13t answers with) kvguard never imports them."""
+    hide = "sys._is_gil_enabled = lambda: False  # as 3.13t without the GIL says"
+    done = _run_python(FALLBACK_SCRIPT.format(hide=hide))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "function", "double-free", "1", "True", "False"]

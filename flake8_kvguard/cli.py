@@ -114,9 +114,12 @@ def _decode(data: bytes):
 
 class _Run:
     def __init__(self, options, select, out, err):
-        from . import engine, fixer, index, report
+        from . import engine, index, report
         from .rules import RULES
 
+        fixer = None
+        if options.fix:  # the only part that needs libcst (0.2-0.3 s to import)
+            from . import fixer
         self.engine, self.fixer, self.index, self.report = engine, fixer, index, report
         self.rules = RULES
         self.options = options

@@ -6,12 +6,13 @@ files, filter by code and `# noqa`, and print.
 
 from __future__ import annotations
 
+import ast
+import io
 import re
 import sys
+import tokenize
 
-import libcst as cst
-
-from . import analysis, depth, positions, slicing
+from . import analysis, depth, nodes, positions, slicing
 from .prefilter import prefilter_for
 from .rules import HOOKS
 
@@ -35,7 +36,7 @@ class Finding:
         self.line = line
         self.col = col
         self.message = message  # starts with the code, as flake8 prints it
-        self.fix = fix  # (old node, new node) or None
+        self.fix = fix  # (old node, rewrites.Rewrite) or None
 
     def key(self):
         return (self.line, self.col, self.code, self.message)
@@ -55,37 +56,56 @@ class _Raw:
         self.related = related
 
 
-def parse(source, *, scanned=False):
-    """The libcst module, or None for anything that is not valid Python to libcst, or
-    that is nested too deep for libcst to parse safely (depth.py; `scanned` when the
-    caller has checked that already)."""
+def parse(source, *, scanned=False, tree=None, body=None):
+    """The module (nodes.py: `ast`, in the shape the rules read), or None for anything
+    that is not valid Python, or that is nested too deep to analyze safely (depth.py;
+    `scanned` when the caller has checked that already). `tree` is the source's `ast`
+    when the caller has it (flake8 does); `body`, a subset of its top-level statements
+    to analyze instead of all of them (slicing.py)."""
     if len(source) > (MAX_SOURCE * 4 if isinstance(source, bytes) else MAX_SOURCE):
         return None
     if not scanned:
         text = source.decode("latin-1") if isinstance(source, bytes) else source
         if depth.too_deep(text) is not None:
             return None
-    try:
-        return cst.parse_module(source)
-    except (
-        cst.ParserSyntaxError,
-        RecursionError,
-        MemoryError,
-        ValueError,
-        UnicodeError,
-        SyntaxError,
-    ):
+    text = decode(source)
+    if text is None:
         return None
-    except Exception as exc:  # libcst's native parser reports some inputs oddly
-        if type(exc).__name__ in ("ParserSyntaxError", "PanicException"):
+    with deep_recursion():
+        if tree is None:
+            try:
+                tree = ast.parse(text)
+            except SyntaxError:
+                if body is not None:
+                    return None
+                from . import newsyntax  # syntax newer than this Python's (imports libcst)
+
+                return newsyntax.parse(text)
+            except (ValueError, RecursionError, MemoryError, UnicodeError):
+                return None
+        try:
+            return nodes.from_ast(tree, text, body)
+        except (RecursionError, MemoryError):
             return None
-        raise
+
+
+def decode(source):
+    """The text of a file's bytes, by its PEP 263 declaration (or BOM); None where
+    it cannot be decoded."""
+    if isinstance(source, str):
+        return source
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(source).readline)
+        return source.decode(encoding)
+    except (SyntaxError, UnicodeError, LookupError):
+        return None
 
 
 class deep_recursion:
-    """libcst generates code and transforms recursively, a few frames per nesting
-    level: raise the recursion limit while working on one module (Python 3.11
-    recursion between Python functions does not grow the C stack)."""
+    """Converting a tree (nodes.py), generating code and transforming it with libcst
+    (`--fix`) recurse a few frames per nesting level: raise the recursion limit while
+    working on one module (Python 3.11 recursion between Python functions does not
+    grow the C stack)."""
 
     LIMIT = 20_000
 
@@ -101,13 +121,11 @@ class deep_recursion:
 
 
 def analyze(module, config, index, source=None):
-    """Findings (with positions) for a parsed module; `source` is its text when the
-    caller has it (else libcst regenerates it)."""
+    """Findings (with positions) for a parsed module; `source` is the text the file's
+    own index is read from, when the caller has it (else the module's)."""
     from .index import LocalIndex
 
-    if source is None:
-        source = module.code
-    elif isinstance(source, bytes):
+    if source is None or isinstance(source, bytes):
         source = module.code
     with deep_recursion():
         return _analyze(module, config, LocalIndex(index, source))
@@ -140,21 +158,24 @@ def lint_source(source, config, index, *, use_prefilter=True, tree=None):
 
     `index` is the project index or a function returning it, called only for files
     that pass the pre-filter; `tree` is the stdlib ast of the source when the caller
-    has one (flake8 does). Anything libcst cannot parse yields no finding (flake8
+    has one (flake8 does). Anything Python cannot parse yields no finding (flake8
     reports it as E999); valid Python nested too deep to parse safely yields the one
     KVG000 line that says so."""
     text = source if isinstance(source, str) else source.decode("latin-1")
+    body = None
     if use_prefilter:
         prefilter = prefilter_for(config)
         if not prefilter.has_free_call(text):
             if not prefilter.has_tensor_hashing(text, index):
                 return []
             if isinstance(source, str):
-                source = slicing.reduce(source, tree) or source
+                reduced = _reduced(source, tree)
+                if reduced is not None:
+                    (source, body), tree = reduced
     deep = depth.too_deep(text)
     if deep is not None:
         return _skipped(text, deep, tree)
-    module = parse(source, scanned=True)
+    module = parse(source if body is None else text, scanned=True, tree=tree, body=body)
     if module is None:
         return []
     if callable(index):
@@ -165,13 +186,23 @@ def lint_source(source, config, index, *, use_prefilter=True, tree=None):
         return []
 
 
+def _reduced(source, tree):
+    """((reduced text, kept statements), tree) for a file that can only hold KVG105
+    (slicing.py), or None to analyze it whole."""
+    if tree is None:
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return None
+    reduced = slicing.reduce_tree(source, tree)
+    return None if reduced is None else (reduced, tree)
+
+
 def _skipped(text, deep, tree):
     """The KVG000 finding for a file too deep to parse, unless it is not Python at all
     (flake8 reports that as E999, and so the file gets one line either way)."""
     line, reason = deep
     if tree is None:
-        import ast
-
         try:
             ast.parse(text)
         except SyntaxError:

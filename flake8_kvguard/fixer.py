@@ -3,17 +3,21 @@
 Only three rewrites exist, each offered by a rule only where it can tell the value
 is what the rewrite needs (a definite tensor, never an Optional one, a builtin `int`
 not shadowed): KVG101 `ids` -> `ids.tolist()`, KVG105 `set(t)` -> `set(t.tolist())`,
-KVG106 `t[i]` -> `int(t[i])`. libcst keeps every comment, blank line and the file's
-encoding and newlines. Fixes that nest are applied over several rounds, and a round
-that finds nothing to fix ends the loop, so a second `--fix` changes nothing.
+KVG106 `t[i]` -> `int(t[i])`. The analysis reads `ast` (nodes.py) and says a fix as a
+node and a `rewrites.Rewrite`; this module, the only one that imports libcst, parses
+the file with it, finds those nodes again by their spans and rewrites them there, so
+every comment, blank line and the file's encoding and newlines are kept. Fixes that
+nest are applied over several rounds, and a round that finds nothing to fix ends the
+loop, so a second `--fix` changes nothing.
 """
 
 from __future__ import annotations
 
 import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
 
-from . import engine
-from .cstutil import walk
+from . import engine, nodes
+from .rewrites import BUILTIN, METHOD
 
 MAX_ROUNDS = 5
 
@@ -30,20 +34,81 @@ class _Replace(cst.CSTTransformer):
         return updated_node
 
 
-def _outermost(fixes):
+def _span(module, node):
+    """(start line, start column, end line, end column) in characters, as libcst
+    counts them."""
+    return (
+        node.lineno,
+        nodes.character_column(module, node.lineno, node.col_offset),
+        node.end_lineno,
+        nodes.character_column(module, node.end_lineno, node.end_col_offset),
+    )
+
+
+def _outermost(module, fixes):
     """Fixes whose node is not inside another fix's node (the rest wait a round)."""
-    inside = set()
-    for old, _ in fixes:
-        for node in walk(old, into_scopes=True):
-            if node is not old:
-                inside.add(id(node))
+    spans = [(_span(module, old), old, rewrite) for old, rewrite in fixes]
     chosen, seen = [], set()
-    for old, new in fixes:
-        if id(old) in inside or id(old) in seen:
+    for span, old, rewrite in spans:
+        start, end = span[:2], span[2:]
+        inside = any(
+            other != span and other[:2] <= start and end <= other[2:] for other, _, _ in spans
+        )
+        if inside or span in seen:
             continue
-        seen.add(id(old))
-        chosen.append((old, new))
+        seen.add(span)
+        chosen.append((span, old, rewrite))
     return chosen
+
+
+def _expressions_by_span(tree):
+    """{span: the outermost libcst expression with that span}."""
+    wrapper = MetadataWrapper(tree, unsafe_skip_copy=True)
+    ranges = wrapper.resolve(PositionProvider)
+    found = {}
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.BaseExpression):
+            where = ranges.get(node)
+            if where is not None:
+                span = (where.start.line, where.start.column, where.end.line, where.end.column)
+                found.setdefault(span, node)
+        stack.extend(reversed(node.children))
+    return found
+
+
+def _is_atomic(node) -> bool:
+    """Whether `node.attr` can be written without adding parentheses around node."""
+    if getattr(node, "lpar", None):
+        return True
+    return isinstance(
+        node,
+        (
+            cst.Name,
+            cst.Attribute,
+            cst.Call,
+            cst.Subscript,
+            cst.List,
+            cst.Tuple,
+            cst.Set,
+            cst.Dict,
+            cst.ListComp,
+            cst.SetComp,
+            cst.DictComp,
+            cst.GeneratorExp,
+        ),
+    ) and not (type(node) is cst.Tuple and not node.lpar)
+
+
+def _build(rewrite, subject):
+    if rewrite.kind == METHOD:
+        if not _is_atomic(subject):
+            subject = subject.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        return cst.Call(func=cst.Attribute(value=subject, attr=cst.Name(rewrite.name)))
+    if rewrite.kind == BUILTIN:
+        return cst.Call(func=cst.Name(rewrite.name), args=[cst.Arg(value=subject)])
+    raise ValueError(f"unknown rewrite {rewrite!r}")
 
 
 def fix_source(source: bytes, config, index, select=None):
@@ -64,12 +129,24 @@ def fix_source(source: bytes, config, index, select=None):
         ]
         if not fixes:
             break
-        chosen = _outermost(fixes)
+        chosen = _outermost(module, fixes)
         with engine.deep_recursion():
-            new_module = module.visit(_Replace({id(old): new for old, new in chosen}))
-            new_source = new_module.bytes
+            try:
+                tree = cst.parse_module(source)
+            except Exception:  # noqa: BLE001 - what Python parses, libcst may not
+                break
+            found = _expressions_by_span(tree)
+            replacements = {}
+            for span, _, rewrite in chosen:
+                old = found.get(span)
+                subject = found.get(_span(module, rewrite.subject))
+                if old is not None and subject is not None:
+                    replacements[id(old)] = _build(rewrite, subject)
+            if not replacements:
+                break
+            new_source = tree.visit(_Replace(replacements)).bytes
         if new_source == source:
             break
         source = new_source
-        applied += len(chosen)
+        applied += len(replacements)
     return source, applied

@@ -26,7 +26,7 @@ the right thing: any raise or assert counts as validation.
 
 from __future__ import annotations
 
-import libcst as cst
+from . import nodes
 
 from .cstutil import dotted_name, root_name, walk
 
@@ -47,13 +47,13 @@ def aliases(function, param) -> set:
     while changed:
         changed = False
         for node in walk(function.body):
-            if type(node) is not cst.Assign:
+            if type(node) is not nodes.Assign:
                 continue
             value = node.value
             if not _derived(value, names):
                 continue
             for target in node.targets:
-                if type(target.target) is cst.Name and target.target.value not in names:
+                if type(target.target) is nodes.Name and target.target.value not in names:
                     names.add(target.target.value)
                     changed = True
     return names
@@ -61,15 +61,15 @@ def aliases(function, param) -> set:
 
 def _derived(value, names) -> bool:
     kind = type(value)
-    if kind is cst.Name:
+    if kind is nodes.Name:
         return value.value in names
-    if kind is cst.Subscript:
-        return type(value.value) is cst.Name and value.value.value in names
-    if kind is cst.Call:
+    if kind is nodes.Subscript:
+        return type(value.value) is nodes.Name and value.value.value in names
+    if kind is nodes.Call:
         func = value.func
-        if type(func) is cst.Name and func.value in ("list", "tuple", "sorted") and value.args:
+        if type(func) is nodes.Name and func.value in ("list", "tuple", "sorted") and value.args:
             return _derived(value.args[0].value, names)
-        if type(func) is cst.Attribute and func.attr.value in ("tolist", "copy", "clone"):
+        if type(func) is nodes.Attribute and func.attr.value in ("tolist", "copy", "clone"):
             return _derived(func.value, names)
     return False
 
@@ -86,17 +86,17 @@ def guards(function, names) -> bool:
     kinds_only = set()
     for loop, _ in loops_over(function, names):
         for node in walk(loop.body):
-            if type(node) is cst.If and _tests_kind_only(node.test):
-                kinds_only.update(id(n) for n in walk(node.body) if type(n) is cst.Continue)
+            if type(node) is nodes.If and _tests_kind_only(node.test):
+                kinds_only.update(id(n) for n in walk(node.body) if type(n) is nodes.Continue)
     for node in walk(function.body):
         kind = type(node)
-        if kind in (cst.Raise, cst.Assert):
+        if kind in (nodes.Raise, nodes.Assert):
             return True
-        if kind is cst.Call:
+        if kind is nodes.Call:
             dotted = dotted_name(node.func)
             if dotted is not None and dotted.rpartition(".")[2] in DEDUP_CALLS:
                 return True
-        if kind is cst.Continue and id(node) not in kinds_only:
+        if kind is nodes.Continue and id(node) not in kinds_only:
             return True
     return False
 
@@ -112,22 +112,22 @@ def _tests_kind_only(test) -> bool:
     no membership test, no comparison of values, no call, no subscript, no flag named for
     state."""
     kind = type(test)
-    if kind is cst.BooleanOperation:
+    if kind is nodes.BooleanOperation:
         return _tests_kind_only(test.left) and _tests_kind_only(test.right)
-    if kind is cst.UnaryOperation and type(test.operator) is cst.Not:
+    if kind is nodes.UnaryOperation and type(test.operator) is nodes.Not:
         return _tests_kind_only(test.expression)
-    if kind is cst.Comparison:
+    if kind is nodes.Comparison:
         return _is_flag_or_name(test.left) and all(
-            type(c.operator) in (cst.Is, cst.IsNot) and _is_flag_or_name(c.comparator)
+            type(c.operator) in (nodes.Is, nodes.IsNot) and _is_flag_or_name(c.comparator)
             for c in test.comparisons)
     return _is_flag_or_name(test)
 
 
 def _is_flag_or_name(node) -> bool:
     kind = type(node)
-    if kind is cst.Name:
+    if kind is nodes.Name:
         return True
-    if kind is cst.Attribute and type(node.value) is cst.Name:
+    if kind is nodes.Attribute and type(node.value) is nodes.Name:
         name = node.attr.value.lower()
         return not any(word in name for word in STATE_WORDS)
     return False
@@ -137,23 +137,23 @@ def loops_over(function, names):
     """`for x in ids` loops (also over list(ids), enumerate(ids)), with x's name."""
     found = []
     for node in walk(function.body):
-        if type(node) is not cst.For:
+        if type(node) is not nodes.For:
             continue
         source = node.iter
         target = node.target
         if (
-            type(source) is cst.Call
-            and type(source.func) is cst.Name
+            type(source) is nodes.Call
+            and type(source.func) is nodes.Name
             and source.func.value in ("list", "tuple", "sorted", "reversed", "enumerate")
             and source.args
         ):
             if source.func.value == "enumerate":
-                if type(target) in (cst.Tuple, cst.List) and len(target.elements) == 2:
+                if type(target) in (nodes.Tuple, nodes.List) and len(target.elements) == 2:
                     target = target.elements[1].value
                 else:
                     continue
             source = source.args[0].value
-        if type(source) is cst.Name and source.value in names and type(target) is cst.Name:
+        if type(source) is nodes.Name and source.value in names and type(target) is nodes.Name:
             found.append((node, target.value))
     return found
 
@@ -162,21 +162,21 @@ def per_occurrence_change(loop, item, owner):
     """(node, what) for the first change of state the loop makes per id, or None."""
     for node in walk(loop.body):
         kind = type(node)
-        if kind is cst.AugAssign and type(node.operator) is cst.SubtractAssign:
+        if kind is nodes.AugAssign and type(node.operator) is nodes.SubtractAssign:
             target = node.target
-            if type(target) is cst.Attribute and root_name(target) == item:
+            if type(target) is nodes.Attribute and root_name(target) == item:
                 return node, "decrements the refcount of each"
             if (
-                type(target) is cst.Subscript
+                type(target) is nodes.Subscript
                 and _is_state(target.value, owner)
                 and _index_is(target, {item})
             ):
                 return node, "decrements the refcount of each"
-        elif kind is cst.Call and type(node.func) is cst.Attribute:
+        elif kind is nodes.Call and type(node.func) is nodes.Attribute:
             if node.func.attr.value in PUSHES and _is_state(node.func.value, owner):
                 if any(_mentions(arg.value, {item}) for arg in node.args):
                     return node, "pushes each"
-        elif kind is cst.Call and (dotted_name(node.func) or "").endswith("heappush"):
+        elif kind is nodes.Call and (dotted_name(node.func) or "").endswith("heappush"):
             if len(node.args) == 2 and _is_state(node.args[0].value, owner):
                 if _mentions(node.args[1].value, {item}):
                     return node, "pushes each"
@@ -188,21 +188,21 @@ def batched_decrement(function, names, owner, helpers):
     `helpers` maps names of the class's own methods to their FunctionDef."""
     for node in walk(function.body):
         kind = type(node)
-        if kind is cst.AugAssign and type(node.operator) is cst.SubtractAssign:
+        if kind is nodes.AugAssign and type(node.operator) is nodes.SubtractAssign:
             target = node.target
             if (
-                type(target) is cst.Subscript
+                type(target) is nodes.Subscript
                 and _is_state(target.value, owner)
                 and _index_is(target, names)
             ):
                 return node
-        elif kind is cst.Call:
+        elif kind is nodes.Call:
             if _ufunc_at(node, names, owner) or _scatter(node, names, owner):
                 return node
             func = node.func
             if (
-                type(func) is cst.Attribute
-                and type(func.value) is cst.Name
+                type(func) is nodes.Attribute
+                and type(func.value) is nodes.Name
                 and func.value.value == owner
                 and func.attr.value in helpers
                 and node.args
@@ -217,15 +217,15 @@ def batched_decrement(function, names, owner, helpers):
 
 def _decrements_all(helper, self_name, param) -> bool:
     for node in walk(helper.body):
-        if type(node) is cst.Call and (
+        if type(node) is nodes.Call and (
             _ufunc_at(node, {param}, self_name, any_sign=True)
             or _scatter(node, {param}, self_name)
         ):
             return True
         if (
-            type(node) is cst.AugAssign
-            and type(node.operator) in (cst.SubtractAssign, cst.AddAssign)
-            and type(node.target) is cst.Subscript
+            type(node) is nodes.AugAssign
+            and type(node.operator) in (nodes.SubtractAssign, nodes.AddAssign)
+            and type(node.target) is nodes.Subscript
             and _is_state(node.target.value, self_name)
             and _index_is(node.target, {param})
         ):
@@ -237,9 +237,9 @@ def _ufunc_at(call, names, owner, any_sign=False) -> bool:
     """np.add.at(self.refs, ids, -1) / np.subtract.at(self.refs, ids, 1)."""
     func = call.func
     if not (
-        type(func) is cst.Attribute
+        type(func) is nodes.Attribute
         and func.attr.value == "at"
-        and type(func.value) is cst.Attribute
+        and type(func.value) is nodes.Attribute
         and func.value.attr.value in UFUNC_AT
     ):
         return False
@@ -250,14 +250,14 @@ def _ufunc_at(call, names, owner, any_sign=False) -> bool:
         return False
     if any_sign or func.value.attr.value == "subtract":
         return True
-    return len(args) >= 3 and type(args[2].value) is cst.UnaryOperation
+    return len(args) >= 3 and type(args[2].value) is nodes.UnaryOperation
 
 
 def _scatter(call, names, owner) -> bool:
     """self.refs.index_add_(0, ids, -ones) and the like."""
     func = call.func
     return (
-        type(func) is cst.Attribute
+        type(func) is nodes.Attribute
         and func.attr.value in SCATTER_METHODS
         and _is_state(func.value, owner)
         and any(_mentions(arg.value, names) for arg in call.args)
@@ -269,7 +269,7 @@ def batched_push(function, names, owner):
     at once, or None."""
     for node in walk(function.body):
         kind = type(node)
-        if kind is cst.Call and type(node.func) is cst.Attribute:
+        if kind is nodes.Call and type(node.func) is nodes.Attribute:
             if (
                 node.func.attr.value in BATCH_PUSHES
                 and _is_state(node.func.value, owner)
@@ -277,13 +277,13 @@ def batched_push(function, names, owner):
                 and _derived(node.args[0].value, names)
             ):
                 return node
-        elif kind is cst.Assign:
+        elif kind is nodes.Assign:
             for target in node.targets:
                 target = target.target
                 if (
-                    type(target) is cst.Subscript
+                    type(target) is nodes.Subscript
                     and _is_state(target.value, owner)
-                    and all(type(e.slice) is cst.Slice for e in target.slice)
+                    and all(type(e.slice) is nodes.Slice for e in target.slice)
                     and _derived(node.value, names)
                 ):
                     return node  # self.free[a:b] = freed
@@ -293,13 +293,13 @@ def batched_push(function, names, owner):
 
 
 def _concatenates(value, target, names) -> bool:
-    if type(value) is not cst.Call or not value.args:
+    if type(value) is not nodes.Call or not value.args:
         return False
     dotted = dotted_name(value.func) or ""
     if dotted.rpartition(".")[2] not in CONCATENATIONS or "." not in dotted:
         return False
     parts = value.args[0].value
-    if type(parts) not in (cst.Tuple, cst.List):
+    if type(parts) not in (nodes.Tuple, nodes.List):
         return False
     values = [e.value for e in parts.elements]
     target_text = dotted_name(target)
@@ -309,19 +309,19 @@ def _concatenates(value, target, names) -> bool:
 
 
 def _is_name_in(node, names) -> bool:
-    return type(node) is cst.Name and node.value in names
+    return type(node) is nodes.Name and node.value in names
 
 
 def _index_is(subscript, names) -> bool:
     return (
         len(subscript.slice) == 1
-        and type(subscript.slice[0].slice) is cst.Index
+        and type(subscript.slice[0].slice) is nodes.Index
         and _is_name_in(subscript.slice[0].slice.value, names)
     )
 
 
 def _mentions(node, names) -> bool:
-    return any(type(n) is cst.Name and n.value in names for n in walk(node))
+    return any(type(n) is nodes.Name and n.value in names for n in walk(node))
 
 
 def class_methods(class_info) -> dict:
@@ -329,18 +329,18 @@ def class_methods(class_info) -> dict:
     found = {}
     body = class_info.node.body
     for stmt in getattr(body, "body", ()):
-        if type(stmt) is cst.FunctionDef:
+        if type(stmt) is nodes.FunctionDef:
             found[stmt.name.value] = stmt
     return found
 
 
 def iterates(node, names):
     """`for x in P`, `for x in list(P)`, `for i, x in enumerate(P)` over one of names."""
-    if type(node) is cst.Name:
+    if type(node) is nodes.Name:
         return node.value in names
     if (
-        type(node) is cst.Call
-        and type(node.func) is cst.Name
+        type(node) is nodes.Call
+        and type(node.func) is nodes.Name
         and node.func.value in ("list", "tuple", "enumerate", "sorted")
     ):
         return bool(node.args) and iterates(node.args[0].value, names)
@@ -352,20 +352,20 @@ def collection_names(function, param):
     names = {param}
     for node in walk(function.body):
         if (
-            type(node) is cst.Assign
+            type(node) is nodes.Assign
             and len(node.targets) == 1
-            and type(node.targets[0].target) is cst.Name
+            and type(node.targets[0].target) is nodes.Name
         ):
             value = node.value
             wraps = False
-            if type(value) is cst.Name:
+            if type(value) is nodes.Name:
                 wraps = value.value in names  # an alias: freed = blocks
-            elif type(value) in (cst.List, cst.Tuple) and len(value.elements) == 1:
+            elif type(value) in (nodes.List, nodes.Tuple) and len(value.elements) == 1:
                 element = value.elements[0].value
-                wraps = type(element) is cst.Name and element.value in names
+                wraps = type(element) is nodes.Name and element.value in names
             elif iterates(value, names):
                 wraps = True
-            elif type(value) in (cst.ListComp, cst.GeneratorExp) and iterates(
+            elif type(value) in (nodes.ListComp, nodes.GeneratorExp) and iterates(
                 value.for_in.iter, names
             ):
                 wraps = value.for_in.inner_for_in is None  # [operator.index(b) for b in blocks]

@@ -3,10 +3,9 @@
 A file with no free-like call can only hold KVG105, and a KVG105 finding sits next to a
 set or dict the code makes itself (set(), dict(), Counter(), a comprehension...). So in
 such a file the top-level functions and classes whose text has no such marker are
-blanked out before libcst parses it: line numbers and columns stay as they are, and
-what remains is analysed exactly as before. The split comes from the stdlib `ast`
-(flake8 hands its tree over for free; `kvguard lint` parses one, about ten times faster
-than libcst).
+left out of the analysis (and blanked in the text the file's own index is read
+from): line numbers and columns stay as they are, and what remains is analysed exactly
+as before. The split comes from the same `ast` tree the analysis reads.
 
 Kept whole, so that nothing a kept part depends on goes missing: every module-level
 statement that is not a def or class (imports, assignments), every class with a marker
@@ -37,6 +36,13 @@ _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 def reduce(text: str, tree=None):
     """The text with unneeded top-level defs and classes blanked, or None when the
     whole file is needed (or nothing can be dropped)."""
+    reduced = reduce_tree(text, tree)
+    return None if reduced is None else reduced[0]
+
+
+def reduce_tree(text: str, tree=None):
+    """(the text with unneeded top-level defs and classes blanked, the top-level
+    statements of `tree` that are kept), or None when the whole file is needed."""
     if tree is None:
         try:
             tree = ast.parse(text)
@@ -46,6 +52,7 @@ def reduce(text: str, tree=None):
         return None
     lines = _LINES.findall(text)
     dropped = []
+    kept = []
     for node in tree.body:
         start = node.lineno
         if isinstance(node, _SCOPES):
@@ -60,12 +67,15 @@ def reduce(text: str, tree=None):
         if not isinstance(node, _SCOPES):
             if has_marker:
                 return None
+            kept.append(node)
             continue
-        if not has_marker:
+        if has_marker:
+            kept.append(node)
+        else:
             dropped.append((start, end))
     if not dropped:
         return None
     for start, end in dropped:
         for number in range(start - 1, end):
             lines[number] = "\n" if lines[number].endswith("\n") else ""
-    return "".join(lines)
+    return "".join(lines), kept

@@ -9,7 +9,7 @@ KVG105 reads (calls, comparisons, subscripts, set and dict comprehensions).
 
 from __future__ import annotations
 
-import libcst as cst
+from .. import nodes
 
 from ..cstutil import dotted_name, positional_args
 from ..values import OBJECT, TENSOR
@@ -25,13 +25,13 @@ IDS_KEYWORDS = frozenset(
 # Literals that cannot be block ids: `cache.release("session-a")` releases something else.
 NOT_IDS = frozenset(
     (
-        cst.SimpleString,
-        cst.ConcatenatedString,
-        cst.FormattedString,
-        cst.Float,
-        cst.Imaginary,
-        cst.Dict,
-        cst.Lambda,
+        nodes.SimpleString,
+        nodes.ConcatenatedString,
+        nodes.FormattedString,
+        nodes.Float,
+        nodes.Imaginary,
+        nodes.Dict,
+        nodes.Lambda,
     )
 )
 
@@ -42,7 +42,7 @@ class FreeCall:
     __slots__ = ("call", "callee", "name", "ids", "val", "tensor_native", "scope")
 
     def __init__(self, call, callee, name, ids, val, tensor_native, scope):
-        self.call = call  # the cst.Call
+        self.call = call  # the nodes.Call
         self.callee = callee  # "self._kv_cache.free", or just "free"
         self.name = name  # "free"
         self.ids = ids  # the expression passed as ids
@@ -120,7 +120,7 @@ class Events:
         if (
             ids is None
             or type(ids.value) in NOT_IDS
-            or (type(ids.value) is cst.Name and ids.value.value == "None")
+            or (type(ids.value) is nodes.Name and ids.value.value == "None")
         ):
             return
         callee = dotted_name(call.func) or name
@@ -144,7 +144,7 @@ class Events:
         for entry in self._tensor_native:
             if callee == entry or name == entry or callee.endswith("." + entry):
                 return True
-        if type(func) is cst.Attribute and scope is not None:
+        if type(func) is nodes.Attribute and scope is not None:
             receiver = self.inference.infer(func.value, scope)
             if receiver.kind == OBJECT and receiver.cls:
                 takes = self.index.method_takes(receiver.cls, name)

@@ -7,10 +7,10 @@ reads an annotation. Neither reports anything: the walk and the rules ask.
 
 from __future__ import annotations
 
-import libcst as cst
+from .. import nodes
 
 from .. import torch_api
-from ..cstutil import dotted_name, keyword_arg, positional_args, source_of
+from ..cstutil import dotted_name, keyword_arg, positional_args
 from ..values import (
     AN_INT,
     A_BOOL,
@@ -76,17 +76,26 @@ BOOL_NOTE_MASK = "a bool mask"
 MAX_DEPTH = 120
 
 EQUALITY_OPERATORS = (
-    cst.Equal,
-    cst.NotEqual,
-    cst.LessThan,
-    cst.LessThanEqual,
-    cst.GreaterThan,
-    cst.GreaterThanEqual,
+    nodes.Equal,
+    nodes.NotEqual,
+    nodes.LessThan,
+    nodes.LessThanEqual,
+    nodes.GreaterThan,
+    nodes.GreaterThanEqual,
 )
 # Tensor methods whose result has the receiver's shape.
 SHAPE_KEEPING = frozenset(
     "long int short to type cuda cpu clone contiguous detach pin_memory abs neg".split()
 )
+
+
+def _is_minus_one(node):
+    return (
+        type(node) is nodes.UnaryOperation
+        and type(node.operator) is nodes.Minus
+        and type(node.expression) is nodes.Integer
+        and node.expression.value == "1"
+    )
 
 
 class Inference:
@@ -102,8 +111,8 @@ class Inference:
     def loop_bindings(self, target, iter_node, scope):
         """(target node, Val) pairs bound by `for target in iter_node`."""
         if (
-            type(iter_node) is cst.Call
-            and type(iter_node.func) is cst.Name
+            type(iter_node) is nodes.Call
+            and type(iter_node.func) is nodes.Name
             and iter_node.func.value not in self.names.shadowed
         ):
             builtin = iter_node.func.value
@@ -113,7 +122,7 @@ class Inference:
             if (
                 builtin == "enumerate"
                 and args
-                and type(target) in (cst.Tuple, cst.List)
+                and type(target) in (nodes.Tuple, nodes.List)
                 and len(target.elements) == 2
             ):
                 item = elements(self.infer(args[0].value, scope))
@@ -121,7 +130,7 @@ class Inference:
             if (
                 builtin == "zip"
                 and args
-                and type(target) in (cst.Tuple, cst.List)
+                and type(target) in (nodes.Tuple, nodes.List)
                 and len(target.elements) == len(args)
             ):
                 return [
@@ -169,56 +178,56 @@ class Inference:
 
     def _infer(self, node, scope) -> Val:
         kind = type(node)
-        if kind is cst.Name:
+        if kind is nodes.Name:
             value = node.value
             if value == "True" or value == "False":
                 return Val(BOOL, note=BOOL_NOTE_LITERAL)
             found = scope.lookup(value)
             return found if found is not None else NOTHING
-        if kind is cst.Integer:
+        if kind is nodes.Integer:
             return AN_INT
-        if kind is cst.Call:
+        if kind is nodes.Call:
             return self._infer_call(node, scope)
-        if kind is cst.Attribute:
+        if kind is nodes.Attribute:
             return self._infer_attribute(node, scope)
-        if kind is cst.Subscript:
+        if kind is nodes.Subscript:
             return self._infer_subscript(node, scope)
-        if kind is cst.List or kind is cst.Tuple:
+        if kind is nodes.List or kind is nodes.Tuple:
             return self._infer_display(node, scope)
-        if kind is cst.Comparison:
+        if kind is nodes.Comparison:
             return self._infer_comparison(node, scope)
-        if kind is cst.BinaryOperation:
+        if kind is nodes.BinaryOperation:
             return self._infer_binary(node, scope)
-        if kind is cst.UnaryOperation:
+        if kind is nodes.UnaryOperation:
             operator = type(node.operator)
-            if operator is cst.Not:
+            if operator is nodes.Not:
                 return Val(BOOL, note="a negation")
             inner = self.infer(node.expression, scope)
-            if operator is cst.BitInvert and inner.kind in (TENSOR, ELEMENT):
+            if operator is nodes.BitInvert and inner.kind in (TENSOR, ELEMENT):
                 return inner.replace(dup=None)
-            if operator in (cst.Minus, cst.Plus) and inner.kind in (INT, TENSOR, ELEMENT):
+            if operator in (nodes.Minus, nodes.Plus) and inner.kind in (INT, TENSOR, ELEMENT):
                 return inner.replace(dup=None) if inner.kind != INT else AN_INT
             return NOTHING
-        if kind is cst.BooleanOperation:
+        if kind is nodes.BooleanOperation:
             return join([self.infer(node.left, scope), self.infer(node.right, scope)])
-        if kind is cst.IfExp:
+        if kind is nodes.IfExp:
             return join([self.infer(node.body, scope), self.infer(node.orelse, scope)])
-        if kind is cst.NamedExpr:
+        if kind is nodes.NamedExpr:
             return self.infer(node.value, scope)
-        if kind in (cst.ListComp, cst.GeneratorExp, cst.SetComp):
+        if kind in (nodes.ListComp, nodes.GeneratorExp, nodes.SetComp):
             return self._infer_comprehension(node, scope)
-        if kind is cst.DictComp:
+        if kind is nodes.DictComp:
             return Val(DICT, note="comprehension")
-        if kind is cst.Set:
+        if kind is nodes.Set:
             return Val(SET, item=join(self._display_items(node, scope)), note="display")
-        if kind is cst.Dict:
+        if kind is nodes.Dict:
             return Val(DICT, note="display")
         return NOTHING
 
     def _display_items(self, node, scope):
         items = []
         for element in node.elements:
-            if type(element) is cst.StarredElement:
+            if type(element) is nodes.StarredElement:
                 items.append(elements(self.infer(element.value, scope)))
             else:
                 items.append(self.infer(element.value, scope))
@@ -229,7 +238,7 @@ class Inference:
         starred = plain = 0
         inner_dup = None
         for element in node.elements:
-            if type(element) is cst.StarredElement:
+            if type(element) is nodes.StarredElement:
                 starred += 1
                 inner = self.infer(element.value, scope)
                 inner_dup = inner_dup or inner.dup
@@ -252,12 +261,12 @@ class Inference:
         if nested:
             dup = "a comprehension flattening several sources"
         elif (
-            type(node.elt) is cst.Name
-            and type(node.for_in.target) is cst.Name
+            type(node.elt) is nodes.Name
+            and type(node.for_in.target) is nodes.Name
             and node.elt.value == node.for_in.target.value
         ):
             dup = self.infer(node.for_in.iter, scope).dup
-        if type(node) is cst.SetComp:
+        if type(node) is nodes.SetComp:
             return Val(SET, item=elt, note="comprehension")
         return Val(SEQUENCE, item=elt, dup=dup)
 
@@ -279,14 +288,14 @@ class Inference:
         left = self.infer(node.left, scope)
         right = self.infer(node.right, scope)
         kinds = {left.kind, right.kind}
-        if operator is cst.Add:
+        if operator is nodes.Add:
             if SEQUENCE in kinds and TENSOR not in kinds and ELEMENT not in kinds:
                 return sequence_of([elements(left), elements(right)], dup="concatenation")
-        elif operator is cst.Multiply:
+        elif operator is nodes.Multiply:
             if SEQUENCE in kinds and TENSOR not in kinds:
                 seq = left if left.kind == SEQUENCE else right
                 return seq.replace(dup="repetition")
-        elif operator in (cst.BitAnd, cst.BitOr, cst.BitXor):
+        elif operator in (nodes.BitAnd, nodes.BitOr, nodes.BitXor):
             if TENSOR in kinds or ELEMENT in kinds:
                 kind = TENSOR if TENSOR in kinds else ELEMENT
                 if is_bool(left) and is_bool(right):
@@ -311,7 +320,7 @@ class Inference:
             return Val(TENSOR, item=item)
         if ELEMENT in kinds:
             return Val(ELEMENT)
-        if kinds == {INT} and operator not in (cst.Divide, cst.Power):
+        if kinds == {INT} and operator not in (nodes.Divide, nodes.Power):
             return AN_INT
         return NOTHING
 
@@ -319,7 +328,7 @@ class Inference:
         owner = node.value
         attr = node.attr.value
         if (
-            type(owner) is cst.Name
+            type(owner) is nodes.Name
             and owner.value == scope.self_name
             and scope.class_info is not None
         ):
@@ -340,14 +349,14 @@ class Inference:
             slices = 0
             for element in node.slice:
                 index = element.slice
-                if type(index) is cst.Slice:
+                if type(index) is nodes.Slice:
                     slices += 1
                     continue
-                if type(index) is not cst.Index or index.star is not None:
+                if type(index) is not nodes.Index or index.star is not None:
                     return Val(TENSOR, item=base.item, dup=base.dup)
-                if type(index.value) is cst.Name and index.value.value in ("None", "Ellipsis"):
+                if type(index.value) is nodes.Name and index.value.value in ("None", "Ellipsis"):
                     return Val(TENSOR, item=base.item, dup=base.dup)
-                if type(index.value) is cst.Ellipsis:
+                if type(index.value) is nodes.Ellipsis:
                     return Val(TENSOR, item=base.item, dup=base.dup)
                 indices.append(self.infer(index.value, scope))
             ints = all(index.kind == INT for index in indices)
@@ -364,11 +373,11 @@ class Inference:
                 return Val(TENSOR, item=base.item, dup=base.dup)  # a mask keeps each id once
             return Val(TENSOR, item=base.item)
         if kind == TENSORS:
-            if len(node.slice) == 1 and type(node.slice[0].slice) is cst.Index:
+            if len(node.slice) == 1 and type(node.slice[0].slice) is nodes.Index:
                 return Val(TENSOR, item=base.item)
             return base
         if kind == SEQUENCE:
-            if len(node.slice) == 1 and type(node.slice[0].slice) is cst.Slice:
+            if len(node.slice) == 1 and type(node.slice[0].slice) is nodes.Slice:
                 return base
             return base.item if base.item is not None else NOTHING
         return NOTHING
@@ -376,7 +385,7 @@ class Inference:
     def _infer_call(self, node, scope):
         func = node.func
         kind = type(func)
-        if kind is cst.Attribute:
+        if kind is nodes.Attribute:
             method = func.attr.value
             dotted = dotted_name(func)
             canonical = self.names.canonical(dotted)
@@ -407,12 +416,12 @@ class Inference:
                 return self._tensor_method(Val(TENSOR), method, node, scope)
             if method == "tolist" and receiver.kind == UNKNOWN:
                 return Val(SEQUENCE)
-            if receiver.kind == UNKNOWN and type(func.value) in (cst.Name, cst.Attribute):
+            if receiver.kind == UNKNOWN and type(func.value) in (nodes.Name, nodes.Attribute):
                 instance = self.class_val(method)  # module.Pool(...)
                 if instance is not None:
                     return instance
             return self._declared_tensor(dotted or method, method, is_method=True)
-        if kind is cst.Name:
+        if kind is nodes.Name:
             name = func.value
             canonical = self.names.canonical(name)
             module, _, function = canonical.rpartition(".")
@@ -473,7 +482,7 @@ class Inference:
             return Val(SEQUENCE, item=AN_INT)
         if name == "map" and len(args) >= 2:
             source = self.infer(args[1].value, scope)
-            if type(args[0].value) is cst.Name and args[0].value.value == "int":
+            if type(args[0].value) is nodes.Name and args[0].value.value == "int":
                 return Val(SEQUENCE, item=AN_INT, dup=source.dup)
             return Val(SEQUENCE, dup=source.dup)
         return None
@@ -486,7 +495,7 @@ class Inference:
             for keyword in torch_api.TUPLE_KEYWORDS[function]:
                 arg = keyword_arg(node, keyword)
                 if arg is not None and not (
-                    type(arg.value) is cst.Name and arg.value.value == "False"
+                    type(arg.value) is nodes.Name and arg.value.value == "False"
                 ):
                     return Val(TENSORS, item=AN_INT if function == "nonzero" else None)
         if function in torch_api.TENSOR_TUPLE_FUNCTIONS:
@@ -548,8 +557,8 @@ class Inference:
             if not args:
                 return None
             first = args[0].value
-            if type(first) in (cst.Tuple, cst.List):
-                if any(type(e) is cst.StarredElement for e in first.elements):
+            if type(first) in (nodes.Tuple, nodes.List):
+                if any(type(e) is nodes.StarredElement for e in first.elements):
                     return None
                 return len(first.elements)
             shape = args[:1] if function == "full" else args
@@ -559,12 +568,12 @@ class Inference:
             return len(shape)
         if function in ("tensor", "as_tensor") and args:
             data = args[0].value
-            if type(data) in (cst.List, cst.Tuple) and data.elements:
-                parts = [e.value for e in data.elements if type(e) is cst.Element]
+            if type(data) in (nodes.List, nodes.Tuple) and data.elements:
+                parts = [e.value for e in data.elements if type(e) is nodes.Element]
                 if len(parts) == len(data.elements):
                     if all(is_int_literal(p) for p in parts):
                         return 1
-                    if all(type(p) in (cst.List, cst.Tuple) for p in parts):
+                    if all(type(p) in (nodes.List, nodes.Tuple) for p in parts):
                         return 2
             return None
         if function in ("flatten", "masked_select"):
@@ -579,19 +588,19 @@ class Inference:
         unknown origin is not taken to hold several parts."""
         if parts is None:
             return None
-        if type(parts) is cst.Name:
+        if type(parts) is nodes.Name:
             accumulation = scope.accumulations.get(parts.value)
             if accumulation is not None and scope.env.vars.get(parts.value) is None:
                 if accumulation.parts >= 2 and not accumulation.guarded:
                     return f"torch.{function}() of several tensors"
             return None
-        if type(parts) in (cst.List, cst.Tuple):
+        if type(parts) in (nodes.List, nodes.Tuple):
             count = 0
             for element in parts.elements:
-                count += 2 if type(element) is cst.StarredElement else 1
+                count += 2 if type(element) is nodes.StarredElement else 1
             if count >= 2:
                 return f"torch.{function}() of several tensors"
-            if count == 1 and type(parts.elements[0]) is not cst.StarredElement:
+            if count == 1 and type(parts.elements[0]) is not nodes.StarredElement:
                 return self.infer(parts.elements[0].value, scope).dup
             return None
         return None
@@ -623,7 +632,7 @@ class Inference:
             for keyword in torch_api.TUPLE_KEYWORDS[method]:
                 arg = keyword_arg(node, keyword)
                 if arg is not None and not (
-                    type(arg.value) is cst.Name and arg.value.value == "False"
+                    type(arg.value) is nodes.Name and arg.value.value == "False"
                 ):
                     return Val(TENSORS)
         if method in torch_api.TENSOR_TUPLE_METHODS:
@@ -655,8 +664,7 @@ class Inference:
         if method in ("flatten", "ravel", "masked_select") or (
             method in ("view", "reshape")
             and len(node.args) == 1
-            and type(node.args[0].value) is cst.UnaryOperation
-            and source_of(node.args[0].value).replace(" ", "") == "-1"
+            and _is_minus_one(node.args[0].value)
         ):
             ndim = 1
         elif method in SHAPE_KEEPING:
@@ -698,15 +706,15 @@ class Inference:
 
     def _annotation_val(self, node) -> Val:
         kind = type(node)
-        if kind is cst.SimpleString:
+        if kind is nodes.SimpleString:
             text = node.evaluated_value if isinstance(node.evaluated_value, str) else None
             if not text or len(text) > 200:
                 return NOTHING
             try:
-                return self.annotation_val(cst.parse_expression(text))
-            except (cst.ParserSyntaxError, RecursionError, ValueError):
+                return self.annotation_val(nodes.parse_expression(text))
+            except (SyntaxError, RecursionError, ValueError, MemoryError):
                 return NOTHING
-        if kind in (cst.Name, cst.Attribute):
+        if kind in (nodes.Name, nodes.Attribute):
             dotted = dotted_name(node)
             canonical = self.names.canonical(dotted)
             if canonical is None:
@@ -725,12 +733,12 @@ class Inference:
             if last in DICT_ANNOTATIONS:
                 return Val(DICT, note="annotation")
             return self.class_val(last) or NOTHING
-        if kind is cst.Subscript:
+        if kind is nodes.Subscript:
             base = self.names.canonical(dotted_name(node.value))
             if base is None:
                 return NOTHING
             last = base.rpartition(".")[2]
-            parts = [e.slice.value for e in node.slice if type(e.slice) is cst.Index]
+            parts = [e.slice.value for e in node.slice if type(e.slice) is nodes.Index]
             if not parts:
                 return NOTHING
             if last == "Optional":
@@ -756,7 +764,7 @@ class Inference:
             if last == "Annotated":
                 return self.annotation_val(parts[0])
             return NOTHING
-        if kind is cst.BinaryOperation and type(node.operator) is cst.BitOr:
+        if kind is nodes.BinaryOperation and type(node.operator) is nodes.BitOr:
             options = []
             for side in (node.left, node.right):
                 options.append(None if is_none(side) else self.annotation_val(side))

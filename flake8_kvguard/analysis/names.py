@@ -7,7 +7,7 @@ it) and gives a function its own copy of the imports while it walks that functio
 
 from __future__ import annotations
 
-import libcst as cst
+from .. import nodes
 
 from ..cstutil import dotted_name
 
@@ -25,12 +25,12 @@ class ModuleNames:
         self.local_tensor_params = set()  # free-like defs whose ids are annotated tensors
 
     def record_import(self, node):
-        if type(node) is cst.Import:
+        if type(node) is nodes.Import:
             for alias in node.names:
                 full = dotted_name(alias.name)
                 if full is None:
                     continue
-                if alias.asname is not None and type(alias.asname.name) is cst.Name:
+                if alias.asname is not None and type(alias.asname.name) is nodes.Name:
                     self.imports[alias.asname.name.value] = full
                 else:
                     first = full.split(".")[0]
@@ -40,14 +40,14 @@ class ModuleNames:
                 module = None
             else:
                 module = dotted_name(node.module)
-            if isinstance(node.names, cst.ImportStar):
+            if isinstance(node.names, nodes.ImportStar):
                 return
             for alias in node.names:
                 name = dotted_name(alias.name)
                 if name is None:
                     continue
                 local = name
-                if alias.asname is not None and type(alias.asname.name) is cst.Name:
+                if alias.asname is not None and type(alias.asname.name) is nodes.Name:
                     local = alias.asname.name.value
                 self.imports[local] = f"{module}.{name}" if module else f".{name}"
 

@@ -19,12 +19,12 @@ same state to several branches); `None` means no path reaches the point.
 
 from __future__ import annotations
 
-import libcst as cst
+from .. import nodes
 
 from ..cstutil import children, names_in, root_name
 from .syntax import block_body
 
-_NESTED = (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+_NESTED = (nodes.Lambda, nodes.ListComp, nodes.SetComp, nodes.DictComp, nodes.GeneratorExp)
 
 
 class Outcome:
@@ -68,13 +68,13 @@ class PathWalker:
 
     def statement(self, stmt, state, outcome):
         kind = type(stmt)
-        if kind is cst.SimpleStatementLine:
+        if kind is nodes.SimpleStatementLine:
             for small in stmt.body:
                 state = self.small(small, state, outcome)
                 if state is None:
                     return None
             return state
-        if kind is cst.If:
+        if kind is nodes.If:
             ends = []
             while True:  # an elif chain, without recursing once per elif
                 state = self.expression(stmt.test, state)
@@ -83,7 +83,7 @@ class PathWalker:
                 outcome.breaks += taken.breaks
                 outcome.continues += taken.continues
                 orelse = stmt.orelse
-                if type(orelse) is cst.If:
+                if type(orelse) is nodes.If:
                     stmt = orelse
                     continue
                 if orelse is None:
@@ -94,9 +94,9 @@ class PathWalker:
                     outcome.breaks += other.breaks
                     outcome.continues += other.continues
                 return self.merge(*ends)
-        if kind in (cst.For, cst.While):
+        if kind in (nodes.For, nodes.While):
             return self.loop(stmt, state, outcome)
-        if kind in (cst.Try, cst.TryStar):
+        if kind in (nodes.Try, nodes.TryStar):
             body = self.block(block_body(stmt.body), state)
             ends = []
             for handler in stmt.handlers:
@@ -123,7 +123,7 @@ class PathWalker:
                 outcome.continues += final.continues
                 return final.fall if merged is not None else None
             return merged
-        if kind is cst.With:
+        if kind is nodes.With:
             for item in stmt.items:
                 state = self.expression(item.item, state)
                 if item.asname is not None:
@@ -132,7 +132,7 @@ class PathWalker:
             outcome.breaks += inner.breaks
             outcome.continues += inner.continues
             return inner.fall
-        if kind is cst.Match:
+        if kind is nodes.Match:
             state = self.expression(stmt.subject, state)
             ends = []
             for case in stmt.cases:
@@ -142,16 +142,16 @@ class PathWalker:
                 outcome.continues += inner.continues
                 ends.append(inner.fall)
             return self.merge(state, *ends)
-        if kind in (cst.FunctionDef, cst.ClassDef):
+        if kind in (nodes.FunctionDef, nodes.ClassDef):
             return self.rebind(state, {stmt.name.value})
         for child in children(stmt):
-            if isinstance(child, cst.BaseExpression):
+            if isinstance(child, nodes.BaseExpression):
                 state = self.expression(child, state)
         return state
 
     def loop(self, stmt, state, outcome):
         targets = set()
-        if type(stmt) is cst.For:
+        if type(stmt) is nodes.For:
             state = self.expression(stmt.iter, state)
             targets = names_in(stmt.target)
         else:
@@ -162,7 +162,7 @@ class PathWalker:
         exits = [entry, back] + first.breaks
         if back is not None and not self.single_pass:
             again = self.rebind(self.merge(entry, back), targets)
-            if type(stmt) is cst.While:
+            if type(stmt) is nodes.While:
                 again = self.expression(stmt.test, again)
             self.single_pass += 1
             try:
@@ -180,52 +180,52 @@ class PathWalker:
 
     def small(self, small, state, outcome):
         kind = type(small)
-        if kind is cst.Return or kind is cst.Raise:
+        if kind is nodes.Return or kind is nodes.Raise:
             for child in children(small):
                 state = self.expression(child, state)
             return None
-        if kind is cst.Break:
+        if kind is nodes.Break:
             outcome.breaks.append(state)
             return None
-        if kind is cst.Continue:
+        if kind is nodes.Continue:
             outcome.continues.append(state)
             return None
-        if kind is cst.Assign:
+        if kind is nodes.Assign:
             state = self.expression(small.value, state)
             for target in small.targets:
                 state = self.store(target.target, state)
             return state
-        if kind is cst.AnnAssign:
+        if kind is nodes.AnnAssign:
             if small.value is not None:
                 state = self.expression(small.value, state)
                 state = self.store(small.target, state)
             return state
-        if kind is cst.AugAssign:
+        if kind is nodes.AugAssign:
             state = self.expression(small.value, state)
             return self.store(small.target, state)
-        if kind is cst.Del:
+        if kind is nodes.Del:
             return self.store(small.target, state)
-        if kind in (cst.Import, cst.ImportFrom):
+        if kind in (nodes.Import, nodes.ImportFrom):
             names = set()
-            if not isinstance(small.names, cst.ImportStar):
+            if not isinstance(small.names, nodes.ImportStar):
                 for alias in small.names:
                     bound = alias.asname.name if alias.asname is not None else alias.name
                     names |= names_in(bound)
             return self.rebind(state, names)
         for child in children(small):
-            if isinstance(child, cst.BaseExpression):
+            if isinstance(child, nodes.BaseExpression):
                 state = self.expression(child, state)
         return state
 
     def store(self, target, state):
         kind = type(target)
-        if kind in (cst.Tuple, cst.List):
+        if kind in (nodes.Tuple, nodes.List):
             for element in target.elements:
                 state = self.store(element.value, state)
             return state
-        if kind is cst.StarredElement:
+        if kind is nodes.StarredElement:
             return self.store(target.value, state)
-        if kind is not cst.Name:
+        if kind is not nodes.Name:
             state = self.expression(target, state)
         root = root_name(target)
         return self.rebind(state, {root} if root else set())
@@ -239,12 +239,12 @@ class PathWalker:
             current, done, nested = stack.pop()
             kind = type(current)
             if done:
-                if kind is cst.Call:
+                if kind is nodes.Call:
                     state = self.flow.call(current, state, nested)
-                elif kind is cst.NamedExpr:
+                elif kind is nodes.NamedExpr:
                     state = self.rebind(state, names_in(current.target))
                 continue
-            if kind in (cst.Call, cst.NamedExpr):
+            if kind in (nodes.Call, nodes.NamedExpr):
                 stack.append((current, True, nested))
             inner = nested or isinstance(current, _NESTED)
             for child in reversed(children(current)):
@@ -260,9 +260,9 @@ def inside_loop(function, node):
         current, in_loop = stack.pop()
         if current is node:
             return in_loop
-        if current is not function and type(current) in (cst.FunctionDef, cst.ClassDef, cst.Lambda):
+        if current is not function and type(current) in (nodes.FunctionDef, nodes.ClassDef, nodes.Lambda):
             continue
-        looping = in_loop or type(current) in (cst.For, cst.While)
+        looping = in_loop or type(current) in (nodes.For, nodes.While)
         for child in children(current):
             stack.append((child, looping))
     return False

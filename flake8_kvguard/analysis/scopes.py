@@ -8,7 +8,7 @@ so that KVG102 can tell one source of ids from several.
 
 from __future__ import annotations
 
-import libcst as cst
+from .. import nodes
 
 from ..values import SEQUENCE, TENSOR, TENSORS, NOTHING, Val, elements, sequence_of
 
@@ -100,12 +100,12 @@ class Scope:
 def bind_names(target, val, env):
     """Bind a comprehension target without side effects on the enclosing function."""
     kind = type(target)
-    if kind is cst.Name:
+    if kind is nodes.Name:
         env.vars[target.value] = val
-    elif kind in (cst.Tuple, cst.List):
+    elif kind in (nodes.Tuple, nodes.List):
         parts = target.elements
         item = Val(TENSOR, item=val.item) if val.kind == TENSORS else elements(val)
         for part in parts:
             bind_names(part.value, item if len(parts) else NOTHING, env)
-    elif kind is cst.StarredElement:
+    elif kind is nodes.StarredElement:
         bind_names(target.value, Val(SEQUENCE), env)

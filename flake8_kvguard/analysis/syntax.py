@@ -5,37 +5,37 @@ Small pure functions over nodes; they know nothing of values or rules.
 
 from __future__ import annotations
 
-import libcst as cst
+from .. import nodes
 
 from ..cstutil import dotted_name, walk_all
 
 
 def is_int_literal(node):
-    if type(node) is cst.UnaryOperation:
+    if type(node) is nodes.UnaryOperation:
         node = node.expression
-    return type(node) is cst.Integer
+    return type(node) is nodes.Integer
 
 
 def block_body(suite):
     """The statements of an indented block or of a one-line `if x: a; b`."""
     body = suite.body
-    if type(suite) is cst.SimpleStatementSuite:
-        return [cst.SimpleStatementLine(body=body)]
+    if type(suite) is nodes.SimpleStatementSuite:
+        return [nodes.SimpleStatementLine(body=body)]
     return body
 
 
 def compound_blocks(stmt):
     blocks = []
-    while type(stmt) is cst.If and type(stmt.orelse) is cst.If:  # an elif chain
+    while type(stmt) is nodes.If and type(stmt.orelse) is nodes.If:  # an elif chain
         blocks.append(block_body(stmt.body))
         stmt = stmt.orelse
     for name in ("body", "orelse", "finalbody"):
         part = getattr(stmt, name, None)
         if part is None:
             continue
-        if isinstance(part, cst.BaseSuite):
+        if isinstance(part, nodes.BaseSuite):
             blocks.append(block_body(part))
-        elif hasattr(part, "body") and isinstance(part.body, cst.BaseSuite):
+        elif hasattr(part, "body") and isinstance(part.body, nodes.BaseSuite):
             blocks.append(block_body(part.body))
     for handler in getattr(stmt, "handlers", ()) or ():
         blocks.append(block_body(handler.body))
@@ -62,24 +62,24 @@ def is_static(function):
 
 
 def is_none(node):
-    return (type(node) is cst.Name and node.value == "None") or (
-        type(node) is cst.SimpleString and node.evaluated_value == "None"
+    return (type(node) is nodes.Name and node.value == "None") or (
+        type(node) is nodes.SimpleString and node.evaluated_value == "None"
     )
 
 
 def mentions_int(annotation):
     for node in walk_all(annotation):
-        if type(node) is cst.Name and node.value in ("int", "Tensor", "LongTensor", "IntTensor"):
+        if type(node) is nodes.Name and node.value in ("int", "Tensor", "LongTensor", "IntTensor"):
             return True
-        if type(node) is cst.SimpleString and "int" in str(node.evaluated_value):
+        if type(node) is nodes.SimpleString and "int" in str(node.evaluated_value):
             return True
     return False
 
 
 def del_names(target):
-    if type(target) is cst.Name:
+    if type(target) is nodes.Name:
         return [target.value]
-    if type(target) in (cst.Tuple, cst.List):
+    if type(target) in (nodes.Tuple, nodes.List):
         found = []
         for element in target.elements:
             found.extend(del_names(element.value))
@@ -90,16 +90,16 @@ def del_names(target):
 def skips_seen(statements):
     """A loop body that starts with `if x in seen: continue` de-duplicates."""
     for stmt in statements:
-        if type(stmt) is not cst.If:
+        if type(stmt) is not nodes.If:
             continue
         body = block_body(stmt.body)
         if (
             len(body) == 1
-            and type(body[0]) is cst.SimpleStatementLine
-            and any(type(small) is cst.Continue for small in body[0].body)
+            and type(body[0]) is nodes.SimpleStatementLine
+            and any(type(small) is nodes.Continue for small in body[0].body)
         ):
             for node in walk_all(stmt.test):
-                if type(node) is cst.ComparisonTarget and type(node.operator) is cst.In:
+                if type(node) is nodes.ComparisonTarget and type(node.operator) is nodes.In:
                     return True
     return False
 

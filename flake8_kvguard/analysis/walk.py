@@ -9,7 +9,7 @@ reaches a call; a rule that needs paths uses `paths.PathWalker`.
 
 from __future__ import annotations
 
-import libcst as cst
+from .. import nodes
 
 from ..cstutil import children, positional_args, walk_all
 from ..values import NOTHING, SEQUENCE, TENSOR, TENSORS, UNKNOWN, Val, elements
@@ -31,16 +31,16 @@ from .view import RuleView
 
 _LEAVES = frozenset(
     (
-        cst.Name,
-        cst.Integer,
-        cst.Float,
-        cst.Imaginary,
-        cst.SimpleString,
-        cst.Ellipsis,
+        nodes.Name,
+        nodes.Integer,
+        nodes.Float,
+        nodes.Imaginary,
+        nodes.SimpleString,
+        nodes.Ellipsis,
     )
 )
-_COMPREHENSIONS = frozenset((cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp))
-_EVENTS = frozenset((cst.Call, cst.Comparison, cst.Subscript, cst.NamedExpr))
+_COMPREHENSIONS = frozenset((nodes.ListComp, nodes.SetComp, nodes.DictComp, nodes.GeneratorExp))
+_EVENTS = frozenset((nodes.Call, nodes.Comparison, nodes.Subscript, nodes.NamedExpr))
 _ACCUMULATING = frozenset(("append", "extend", "insert"))
 
 
@@ -55,13 +55,13 @@ class Analysis:
         self.hooks = hooks
         self.names = ModuleNames()
         self.inference = inference = Inference(self.names, config, index)
-        self.view = RuleView(inference, self.names, report)
+        self.view = RuleView(inference, self.names, report, module)
         self.events = Events(hooks, self.view, inference, self.names, config, index)
         self.infer = inference.infer
 
     def run(self):
         for stmt in self.module.body:
-            if type(stmt) in (cst.FunctionDef, cst.ClassDef):
+            if type(stmt) in (nodes.FunctionDef, nodes.ClassDef):
                 # A module-level def or class shadows a builtin.
                 self.names.shadowed.add(stmt.name.value)
         self._prepass(self.module.body, in_class=False)
@@ -74,11 +74,11 @@ class Analysis:
         """Imports and the return annotations of this file's own functions."""
         for stmt in body:
             kind = type(stmt)
-            if kind is cst.SimpleStatementLine:
+            if kind is nodes.SimpleStatementLine:
                 for small in stmt.body:
-                    if type(small) in (cst.Import, cst.ImportFrom):
+                    if type(small) in (nodes.Import, nodes.ImportFrom):
                         self.names.record_import(small)
-            elif kind is cst.FunctionDef:
+            elif kind is nodes.FunctionDef:
                 name = stmt.name.value
                 if stmt.returns is not None:
                     val = self.inference.annotation_val(stmt.returns.annotation)
@@ -92,7 +92,7 @@ class Analysis:
                     if self.inference.annotation_val(param.annotation.annotation).kind == TENSOR:
                         self.names.local_tensor_params.add(name)
                 self._prepass(block_body(stmt.body), in_class=False)
-            elif kind is cst.ClassDef:
+            elif kind is nodes.ClassDef:
                 self._prepass(block_body(stmt.body), in_class=True)
             else:
                 for block in compound_blocks(stmt):
@@ -106,64 +106,64 @@ class Analysis:
 
     def exec_stmt(self, stmt, scope):
         kind = type(stmt)
-        if kind is cst.SimpleStatementLine:
+        if kind is nodes.SimpleStatementLine:
             for small in stmt.body:
                 self.exec_small(small, scope)
-        elif kind is cst.If:
+        elif kind is nodes.If:
             while True:  # an elif chain, without recursing once per elif
                 self.scan(stmt.test, scope)
                 scope.guards.append(stmt.test)
                 self.exec_block(block_body(stmt.body), scope)
                 scope.guards.pop()
                 orelse = stmt.orelse
-                if type(orelse) is cst.If:
+                if type(orelse) is nodes.If:
                     stmt = orelse
                     continue
                 if orelse is not None:
                     self.exec_block(block_body(orelse.body), scope)
                 break
-        elif kind is cst.For:
+        elif kind is nodes.For:
             self.scan(stmt.iter, scope)
             self.bind_loop_target(stmt.target, stmt.iter, scope)
             self._exec_loop_body(stmt.body, scope)
             if stmt.orelse is not None:
                 self.exec_block(block_body(stmt.orelse.body), scope)
-        elif kind is cst.While:
+        elif kind is nodes.While:
             self.scan(stmt.test, scope)
             self._exec_loop_body(stmt.body, scope)
             if stmt.orelse is not None:
                 self.exec_block(block_body(stmt.orelse.body), scope)
-        elif kind is cst.FunctionDef:
+        elif kind is nodes.FunctionDef:
             self.exec_function(stmt, scope)
-        elif kind is cst.ClassDef:
+        elif kind is nodes.ClassDef:
             self.exec_class(stmt, scope)
-        elif kind in (cst.Try, cst.TryStar):
+        elif kind in (nodes.Try, nodes.TryStar):
             self.exec_block(block_body(stmt.body), scope)
             for handler in stmt.handlers:
                 if handler.type is not None:
                     self.scan(handler.type, scope)
-                if handler.name is not None and type(handler.name.name) is cst.Name:
+                if handler.name is not None and type(handler.name.name) is nodes.Name:
                     scope.bind(handler.name.name.value, NOTHING)
                 self.exec_block(block_body(handler.body), scope)
             if stmt.orelse is not None:
                 self.exec_block(block_body(stmt.orelse.body), scope)
             if stmt.finalbody is not None:
                 self.exec_block(block_body(stmt.finalbody.body), scope)
-        elif kind is cst.With:
+        elif kind is nodes.With:
             for item in stmt.items:
                 self.scan(item.item, scope)
                 if item.asname is not None:
                     self.bind(item.asname.name, NOTHING, scope)
             self.exec_block(block_body(stmt.body), scope)
-        elif kind is cst.Match:
+        elif kind is nodes.Match:
             self.scan(stmt.subject, scope)
             for case in stmt.cases:
                 for node in walk_all(case.pattern):
                     name = getattr(node, "name", None)
-                    if type(name) is cst.Name:
+                    if type(name) is nodes.Name:
                         scope.bind(name.value, NOTHING)
                     rest = getattr(node, "rest", None)
-                    if type(rest) is cst.Name:
+                    if type(rest) is nodes.Name:
                         scope.bind(rest.value, NOTHING)
                 if case.guard is not None:
                     self.scan(case.guard, scope)
@@ -171,9 +171,9 @@ class Analysis:
         else:
             # Anything newer than this code: still find the calls inside.
             for child in children(stmt):
-                if isinstance(child, cst.BaseExpression):
+                if isinstance(child, nodes.BaseExpression):
                     self.scan(child, scope)
-                elif isinstance(child, (cst.BaseSuite,)):
+                elif isinstance(child, (nodes.BaseSuite,)):
                     self.exec_block(block_body(child), scope)
 
     def _exec_loop_body(self, body, scope):
@@ -187,52 +187,52 @@ class Analysis:
 
     def exec_small(self, small, scope):
         kind = type(small)
-        if kind is cst.Expr:
+        if kind is nodes.Expr:
             self.scan(small.value, scope)
-        elif kind is cst.Assign:
+        elif kind is nodes.Assign:
             self.scan(small.value, scope)
             val = self.infer(small.value, scope)
             for target in small.targets:
                 self.assign(target.target, small.value, val, scope)
-        elif kind is cst.AnnAssign:
+        elif kind is nodes.AnnAssign:
             if small.value is not None:
                 self.scan(small.value, scope)
             val = self.inference.annotation_val(small.annotation.annotation)
             if val.kind == UNKNOWN and small.value is not None:
                 val = self.infer(small.value, scope)
             in_class_body = scope.class_info is not None and scope.node is scope.class_info.node
-            if in_class_body and type(small.target) is cst.Name:
+            if in_class_body and type(small.target) is nodes.Name:
                 scope.class_info.attrs[small.target.value] = val
-            if small.value is not None or type(small.target) is not cst.Name:
+            if small.value is not None or type(small.target) is not nodes.Name:
                 self.assign(small.target, small.value, val, scope)
-        elif kind is cst.AugAssign:
+        elif kind is nodes.AugAssign:
             self.scan(small.value, scope)
             self.scan_target(small.target, scope)
             target = small.target
-            if type(target) is cst.Subscript:
+            if type(target) is nodes.Subscript:
                 self._subscript_event(target, scope)
-            if type(target) is cst.Name and type(small.operator) is cst.AddAssign:
+            if type(target) is nodes.Name and type(small.operator) is nodes.AddAssign:
                 accumulation = scope.accumulations.get(target.value)
                 if accumulation is not None:
                     self._accumulate(accumulation, "extend", small.value, scope)
                     return
-            if type(target) is cst.Name:
+            if type(target) is nodes.Name:
                 current = scope.lookup(target.value)
                 if current is None or current.kind not in (TENSOR, SEQUENCE):
                     scope.bind(target.value, NOTHING)
-        elif kind in (cst.Return, cst.Raise, cst.Assert):
+        elif kind in (nodes.Return, nodes.Raise, nodes.Assert):
             for child in children(small):
                 self.scan(child, scope)
-        elif kind is cst.Del:
+        elif kind is nodes.Del:
             for name in del_names(small.target):
                 scope.bind(name, NOTHING)
-        elif kind in (cst.Import, cst.ImportFrom):
+        elif kind in (nodes.Import, nodes.ImportFrom):
             self.names.record_import(small)
-        elif kind in (cst.Pass, cst.Break, cst.Continue, cst.Global, cst.Nonlocal):
+        elif kind in (nodes.Pass, nodes.Break, nodes.Continue, nodes.Global, nodes.Nonlocal):
             pass
         else:
             for child in children(small):
-                if isinstance(child, cst.BaseExpression):
+                if isinstance(child, nodes.BaseExpression):
                     self.scan(child, scope)
 
     def exec_function(self, node, scope):
@@ -253,7 +253,7 @@ class Analysis:
                 val = self.inference.annotation_val(param.annotation.annotation)
             env.vars[param.name.value] = val
         star_arg = node.params.star_arg
-        if isinstance(star_arg, cst.Param):
+        if isinstance(star_arg, nodes.Param):
             env.vars[star_arg.name.value] = NOTHING
         if node.params.star_kwarg is not None:
             env.vars[node.params.star_kwarg.name.value] = NOTHING
@@ -292,42 +292,42 @@ class Analysis:
 
     def assign(self, target, value_node, val, scope):
         kind = type(target)
-        if kind is cst.Name:
+        if kind is nodes.Name:
             name = target.value
             scope.bind(name, val)
             accumulation = self._start_accumulation(value_node, val, scope)
             if accumulation is not None:
                 scope.accumulations[name] = accumulation
                 scope.env.vars.pop(name, None)
-        elif kind in (cst.Tuple, cst.List):
+        elif kind in (nodes.Tuple, nodes.List):
             parts = [element.value for element in target.elements]
             if val.kind == TENSORS:
                 item_vals = [Val(TENSOR, item=val.item)] * len(parts)
             elif (
-                type(value_node) in (cst.Tuple, cst.List)
+                type(value_node) in (nodes.Tuple, nodes.List)
                 and len(value_node.elements) == len(parts)
-                and not any(type(e) is cst.StarredElement for e in value_node.elements)
+                and not any(type(e) is nodes.StarredElement for e in value_node.elements)
             ):
                 item_vals = [self.infer(e.value, scope) for e in value_node.elements]
             else:
                 item_vals = [elements(val)] * len(parts)
             for part, item_val in zip(parts, item_vals):
-                if type(part) is cst.StarredElement:
+                if type(part) is nodes.StarredElement:
                     self.assign(part.value, None, Val(SEQUENCE, item=item_val), scope)
                 else:
                     self.assign(part, None, item_val, scope)
-        elif kind is cst.Attribute:
+        elif kind is nodes.Attribute:
             self.scan(target.value, scope)
             owner = target.value
             info = scope.class_info
-            if info is not None and type(owner) is cst.Name and owner.value == scope.self_name:
+            if info is not None and type(owner) is nodes.Name and owner.value == scope.self_name:
                 attr = target.attr.value
                 previous = info.attrs.get(attr)
                 info.attrs[attr] = val if previous is None or previous == val else NOTHING
-        elif kind is cst.Subscript:
+        elif kind is nodes.Subscript:
             self.scan_target(target, scope)
             self._subscript_event(target, scope)
-        elif kind is cst.StarredElement:
+        elif kind is nodes.StarredElement:
             self.assign(target.value, None, Val(SEQUENCE), scope)
 
     def bind(self, target, val, scope):
@@ -335,11 +335,11 @@ class Analysis:
 
     def scan_target(self, target, scope):
         """Expressions read while storing to a subscript or attribute target."""
-        if type(target) is cst.Subscript:
+        if type(target) is nodes.Subscript:
             self.scan(target.value, scope)
             for element in target.slice:
                 self.scan(element.slice, scope)
-        elif type(target) is cst.Attribute:
+        elif type(target) is nodes.Attribute:
             self.scan(target.value, scope)
 
     def bind_loop_target(self, target, iter_node, scope):
@@ -350,20 +350,20 @@ class Analysis:
         if value_node is None:
             return None
         kind = type(value_node)
-        if kind is cst.List:
+        if kind is nodes.List:
             has_items = bool(value_node.elements)
             sources = 2 if val.dup else (1 if has_items else 0)
             parts = (
                 min(2, len(value_node.elements))
-                if not any(type(e) is cst.StarredElement for e in value_node.elements)
+                if not any(type(e) is nodes.StarredElement for e in value_node.elements)
                 else 2
             )
             return Accumulation(
                 scope.loop_depth, sources, [val.item] if val.item else [], val.dup, parts
             )
         if (
-            kind is cst.Call
-            and type(value_node.func) is cst.Name
+            kind is nodes.Call
+            and type(value_node.func) is nodes.Name
             and value_node.func.value == "list"
         ):
             args = positional_args(value_node)
@@ -405,7 +405,7 @@ class Analysis:
             return True
         for test in scope.guards:
             for node in walk_all(test):
-                if type(node) is cst.ComparisonTarget and type(node.operator) is cst.NotIn:
+                if type(node) is nodes.ComparisonTarget and type(node.operator) is nodes.NotIn:
                     return True
         return False
 
@@ -419,13 +419,13 @@ class Analysis:
             node, current, done = stack.pop()
             kind = type(node)
             if done:
-                if kind is cst.Call:
+                if kind is nodes.Call:
                     self._call_event(node, current)
-                elif kind is cst.Comparison:
+                elif kind is nodes.Comparison:
                     self._comparison_event(node, current)
-                elif kind is cst.Subscript:
+                elif kind is nodes.Subscript:
                     self._subscript_event(node, current)
-                elif kind is cst.NamedExpr:
+                elif kind is nodes.NamedExpr:
                     self.assign(node.target, node.value, self.infer(node.value, current), current)
                 continue
             if kind in _LEAVES:
@@ -433,7 +433,7 @@ class Analysis:
             if kind in _COMPREHENSIONS:
                 self._scan_comprehension(node, current)
                 continue
-            if kind is cst.Lambda:
+            if kind is nodes.Lambda:
                 env = Env(current.env)
                 for param in all_params(node.params):
                     env.vars[param.name.value] = NOTHING
@@ -441,7 +441,7 @@ class Analysis:
                 continue
             if kind in _EVENTS:
                 stack.append((node, current, True))
-                if kind is cst.NamedExpr:
+                if kind is nodes.NamedExpr:
                     stack.append((node.value, current, False))
                     continue
             for child in reversed(children(node)):
@@ -449,27 +449,27 @@ class Analysis:
 
     def _scan_comprehension(self, node, scope):
         child = self.inference.comprehension_scope(node, scope, visit=self.scan)
-        if type(node) is cst.DictComp:
+        if type(node) is nodes.DictComp:
             self.scan(node.key, child)
             self.scan(node.value, child)
         else:
             self.scan(node.elt, child)
-        if type(node) in (cst.SetComp, cst.DictComp):
+        if type(node) in (nodes.SetComp, nodes.DictComp):
             self.events.expression(self.hooks.comprehension, node, child)
 
     def _call_event(self, call, scope):
         func = call.func
-        if type(func) is cst.Attribute:
+        if type(func) is nodes.Attribute:
             name = func.attr.value
-        elif type(func) is cst.Name:
+        elif type(func) is nodes.Name:
             name = func.value
         else:
             return
         if name in self.config.free_names:
             self.events.free_call(call, name, scope)
-        if type(func) is cst.Attribute and name in _ACCUMULATING:
+        if type(func) is nodes.Attribute and name in _ACCUMULATING:
             receiver = func.value
-            if type(receiver) is cst.Name:
+            if type(receiver) is nodes.Name:
                 accumulation = scope.accumulations.get(receiver.value)
                 if accumulation is not None and scope.env.vars.get(receiver.value) is None:
                     args = positional_args(call)

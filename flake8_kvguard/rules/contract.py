@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, NamedTuple, Protocol
 
 if TYPE_CHECKING:
-    import libcst as cst
+    from .. import nodes
 
     from ..values import Val
 
@@ -21,17 +21,20 @@ if TYPE_CHECKING:
 class RuleView(Protocol):
     """The analysis as a rule sees it (flake8_kvguard.analysis.RuleView implements it)."""
 
-    def report(self, code: str, node: cst.CSTNode, message: str, fix=None, related=None) -> None:
-        """A finding at `node`. `fix` is (old node, new node) where the rule can fix it;
+    def report(self, code: str, node: nodes.CSTNode, message: str, fix=None, related=None) -> None:
+        """A finding at `node`. `fix` is (old node, rewrites.Rewrite) where the rule can fix it;
         `related` is a second node whose line replaces `{related_line}` in the message."""
 
-    def short(self, node: cst.CSTNode) -> str:
+    def source_of(self, node: nodes.CSTNode) -> str:
+        """The source text of `node`, as written (without parentheses around it)."""
+
+    def short(self, node: nodes.CSTNode) -> str:
         """The source of `node` for a message, or "ids" where it is long."""
 
-    def infer(self, node: cst.BaseExpression, scope) -> Val:
+    def infer(self, node: nodes.BaseExpression, scope) -> Val:
         """What is known of the value of an expression in a scope."""
 
-    def comprehension_scope(self, node: cst.CSTNode, scope):
+    def comprehension_scope(self, node: nodes.CSTNode, scope):
         """The scope inside a comprehension, with its targets bound."""
 
     def builtin_available(self, name: str, scope=None) -> bool:
@@ -60,10 +63,10 @@ class Hooks(NamedTuple):
     - function_end(function, free_calls: list[FreeCall], view): the end of a function
       (or of the module) with the free-like calls made in it;
     - free_method(method: FreeMethod, view): a free-like method of a class;
-    - call(node: cst.Call, scope, view), comparison(node: cst.Comparison, scope, view),
-      subscript(node: cst.Subscript, scope, view): every call, comparison and subscript
+    - call(node: nodes.Call, scope, view), comparison(node: nodes.Comparison, scope, view),
+      subscript(node: nodes.Subscript, scope, view): every call, comparison and subscript
       (read or stored), innermost first;
-    - comprehension(node: cst.SetComp | cst.DictComp, scope, view): a set or dict
+    - comprehension(node: nodes.SetComp | nodes.DictComp, scope, view): a set or dict
       comprehension, with the scope that binds its targets.
 
     FreeCall and FreeMethod are in flake8_kvguard.analysis.events.

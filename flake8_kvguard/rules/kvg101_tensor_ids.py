@@ -6,7 +6,7 @@ indexes with a tensor. DeepSpeed 0.19.8 `DSStateManager.flush_sequence` frees
 `seq.all_block_ids()`, a `torch.Tensor`, this way.
 """
 
-from ..cstutil import method_call
+from ..rewrites import method_call
 from ..values import TENSOR, is_bool
 
 CODE = "KVG101"

@@ -7,11 +7,11 @@ each other, early returns and `break` are respected; a loop that frees ids it ne
 rebinds frees them again on its next pass.
 """
 
-import libcst as cst
+from .. import nodes
 
 from ..analysis.paths import PathWalker, inside_loop
 from ..analysis.syntax import block_body
-from ..cstutil import names_in, root_name, source_of, walk_all
+from ..cstutil import names_in, root_name, walk_all
 
 CODE = "KVG104"
 SUMMARY = "the same ids freed twice on one path of a function"
@@ -63,15 +63,15 @@ def reuse(allocator, seq) -> None:
 ]
 
 _OPAQUE = (
-    cst.Call,
-    cst.Await,
-    cst.Yield,
-    cst.NamedExpr,
-    cst.Lambda,
-    cst.ListComp,
-    cst.SetComp,
-    cst.DictComp,
-    cst.GeneratorExp,
+    nodes.Call,
+    nodes.Await,
+    nodes.Yield,
+    nodes.NamedExpr,
+    nodes.Lambda,
+    nodes.ListComp,
+    nodes.SetComp,
+    nodes.DictComp,
+    nodes.GeneratorExp,
 )
 
 
@@ -92,14 +92,14 @@ def _unwrapped(node, ctx, scope):
     """The value under wrappers that keep its ids: `ids.tolist()`, `list(ids)`,
     `tuple()`, `sorted()`, `set()`, `int()`, nested in any order. `free(ids.tolist())`
     then `free(ids)` frees the same ids twice: a KVG101 fix must not hide this."""
-    while type(node) is cst.Call:
+    while type(node) is nodes.Call:
         func = node.func
-        if type(func) is cst.Attribute and func.attr.value == "tolist" and not node.args:
+        if type(func) is nodes.Attribute and func.attr.value == "tolist" and not node.args:
             node = func.value
             continue
         positional = [arg for arg in node.args if arg.keyword is None]
         if (
-            type(func) is cst.Name
+            type(func) is nodes.Name
             and func.value in _SAME_IDS_BUILTINS
             and len(positional) == 1
             and not positional[0].star
@@ -122,11 +122,11 @@ def _key(free, ctx):
             if isinstance(node, _OPAQUE):
                 return None
     text = (
-        "".join(source_of(call.func).split())
+        "".join(ctx.source_of(call.func).split())
         + "("
         + ",".join(
             (arg.keyword.value + "=" if arg.keyword is not None else "")
-            + "".join(source_of(value).split())
+            + "".join(ctx.source_of(value).split())
             for arg, value in zip(call.args, args)
         )
         + ")"
@@ -163,7 +163,7 @@ class _DoubleFrees:
                 return state  # ids.tolist(), list(ids), ...: read the ids, change nothing
             touched = set()
             func = call.func
-            if type(func) is cst.Attribute:
+            if type(func) is nodes.Attribute:
                 root = root_name(func.value)
                 if root:
                     touched.add(root)
@@ -208,5 +208,5 @@ def check_function(node, free_calls, ctx):
         return
     if len(keys) == 1 and not inside_loop(node, next(iter(keys.values())).free.call):
         return
-    body = node.body if type(node) is cst.Module else block_body(node.body)
+    body = node.body if type(node) is nodes.Module else block_body(node.body)
     PathWalker(_DoubleFrees(keys, ctx)).block(body, {})

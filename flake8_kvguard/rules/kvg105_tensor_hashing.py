@@ -5,9 +5,10 @@ keeps every element, two equal ids are two dict keys, and `t[i] in seen` is Fals
 for a `seen` full of ints. Convert to Python ints first.
 """
 
-import libcst as cst
+from .. import nodes
 
-from ..cstutil import dotted_name, method_call, positional_args, walk_all
+from ..cstutil import dotted_name, positional_args, walk_all
+from ..rewrites import method_call
 from ..values import DICT, ELEMENT, SET, TENSOR, elements, is_container
 
 CODE = "KVG105"
@@ -90,7 +91,7 @@ def check_call(call, scope, ctx):
     """`seen.add(t[i])`, `d.get(t[i])`, `set(t)`, `Counter(t)`, `dict.fromkeys(t)`."""
     func = call.func
     args = positional_args(call)
-    if type(func) is cst.Attribute and args:
+    if type(func) is nodes.Attribute and args:
         name = func.attr.value
         if name in SET_KEYED or name in DICT_KEYED:
             container = ctx.infer(func.value, scope)
@@ -103,7 +104,7 @@ def check_call(call, scope, ctx):
     dotted = dotted_name(func)
     if dotted is None:
         return
-    if type(func) is cst.Name and dotted in HASHING_BUILTINS and ctx.builtin_available(dotted):
+    if type(func) is nodes.Name and dotted in HASHING_BUILTINS and ctx.builtin_available(dotted):
         what = HASHING_BUILTINS[dotted]
     else:
         what = HASHING_CALLS.get(ctx.canonical(dotted))
@@ -126,7 +127,7 @@ def check_comparison(node, scope, ctx):
     """`t[i] in seen` for a set or dict the code made."""
     left = node.left
     for target in node.comparisons:
-        if type(target.operator) in (cst.In, cst.NotIn):
+        if type(target.operator) in (nodes.In, nodes.NotIn):
             container = ctx.infer(target.comparator, scope)
             if is_container(container):
                 val = ctx.infer(left, scope)
@@ -137,7 +138,7 @@ def check_comparison(node, scope, ctx):
 
 def check_subscript(node, scope, ctx):
     """`d[t[i]]`, read or stored, for a dict the code made."""
-    if len(node.slice) != 1 or type(node.slice[0].slice) is not cst.Index:
+    if len(node.slice) != 1 or type(node.slice[0].slice) is not nodes.Index:
         return
     container = ctx.infer(node.value, scope)
     if container.kind == DICT and is_container(container):
@@ -149,10 +150,10 @@ def check_subscript(node, scope, ctx):
 
 def check_comprehension(node, scope, ctx):
     """`{b for b in t}` and `{b: ... for b in t}`; `scope` has the targets bound."""
-    key = node.key if type(node) is cst.DictComp else node.elt
+    key = node.key if type(node) is nodes.DictComp else node.elt
     val = ctx.infer(key, scope)
     if val.kind == ELEMENT:
-        what = "a set comprehension" if type(node) is cst.SetComp else "dict comprehension keys"
+        what = "a set comprehension" if type(node) is nodes.SetComp else "dict comprehension keys"
         _report(ctx, node, what, _comprehension_fix(node, key, scope, ctx))
 
 
@@ -161,8 +162,8 @@ def _tolist_of(operand, val, scope, ctx):
     if val.kind in (TENSOR, ELEMENT) and not val.optional:
         return method_call(operand, "tolist")
     if (
-        type(operand) is cst.Call
-        and type(operand.func) is cst.Name
+        type(operand) is nodes.Call
+        and type(operand.func) is nodes.Name
         and operand.func.value in ("list", "tuple")
         and ctx.builtin_available(operand.func.value)
         and len(operand.args) == 1
@@ -178,12 +179,12 @@ def _tolist_of(operand, val, scope, ctx):
 
 def _comprehension_fix(node, key, scope, ctx):
     for_in = node.for_in
-    if for_in.inner_for_in is not None or for_in.ifs or type(key) is not cst.Name:
+    if for_in.inner_for_in is not None or for_in.ifs or type(key) is not nodes.Name:
         return None
     target = for_in.target
-    if type(target) is not cst.Name or target.value != key.value:
+    if type(target) is not nodes.Name or target.value != key.value:
         return None
-    uses = sum(1 for n in walk_all(node) if type(n) is cst.Name and n.value == key.value)
+    uses = sum(1 for n in walk_all(node) if type(n) is nodes.Name and n.value == key.value)
     if uses != 2:  # the target and the key: the element is used for nothing else
         return None
     iter_val = ctx.infer(for_in.iter, scope.parent or scope)

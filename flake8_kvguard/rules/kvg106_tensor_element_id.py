@@ -7,9 +7,9 @@ tensor's rank is shown: `torch.arange`, `.flatten()`, `.view(-1)`, `torch.zeros(
 indexed twice): `t[0]` of a 2-D table is a row, and int() of a row raises.
 """
 
-import libcst as cst
+from .. import nodes
 
-from ..cstutil import builtin_call
+from ..rewrites import builtin_call
 from ..values import ELEMENT, SEQUENCE, is_bool
 
 CODE = "KVG106"
@@ -105,15 +105,15 @@ def check_free_call(call, ctx):
         return
     if val.kind != SEQUENCE or val.item is None or val.item.kind != ELEMENT:
         return
-    if type(ids) in (cst.List, cst.Tuple):
+    if type(ids) in (nodes.List, nodes.Tuple):
         for element in ids.elements:
-            if type(element) is cst.Element and ctx.infer(element.value, scope).kind == ELEMENT:
+            if type(element) is nodes.Element and ctx.infer(element.value, scope).kind == ELEMENT:
                 value = element.value
                 ctx.report(
                     CODE, value, _message(call, ctx.short(value)), fix=_int_fix(value, ctx, scope)
                 )
         return
-    if type(ids) in (cst.ListComp, cst.GeneratorExp) and ids.for_in.inner_for_in is None:
+    if type(ids) in (nodes.ListComp, nodes.GeneratorExp) and ids.for_in.inner_for_in is None:
         child = ctx.comprehension_scope(ids, scope)
         if ctx.infer(ids.elt, child).kind == ELEMENT:
             ctx.report(

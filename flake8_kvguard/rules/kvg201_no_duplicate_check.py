@@ -7,7 +7,7 @@ handed to two sequences. Validating each id is not enough; reject repeats within
 call too.
 """
 
-import libcst as cst
+from .. import nodes
 
 from ..cstutil import dotted_name, root_name, walk
 from ..freeing import collection_names, iterates
@@ -71,19 +71,19 @@ _DEDUP_CALLS = frozenset(
 _MUTATORS = frozenset(
     ("add", "append", "appendleft", "remove", "discard", "pop", "put", "push", "extend")
 )
-_CHECKS = (cst.Raise, cst.Assert)
+_CHECKS = (nodes.Raise, nodes.Assert)
 
 
 def _validation_loops(function, names):
     loops = []
     for node in walk(function.body):
-        if type(node) is cst.For and iterates(node.iter, names):
+        if type(node) is nodes.For and iterates(node.iter, names):
             if any(type(inner) in _CHECKS for inner in walk(node.body)):
                 loops.append(node)
-        elif type(node) in (cst.Assert, cst.If):
+        elif type(node) in (nodes.Assert, nodes.If):
             test = node.test
-            checks = type(node) is cst.Assert or any(
-                type(inner) is cst.Raise for inner in walk(node.body)
+            checks = type(node) is nodes.Assert or any(
+                type(inner) is nodes.Raise for inner in walk(node.body)
             )
             if checks and _validates_each(test, names):
                 loops.append(node)
@@ -92,14 +92,14 @@ def _validation_loops(function, names):
 
 def _validates_each(test, names):
     for node in walk(test):
-        if type(node) in (cst.GeneratorExp, cst.ListComp) and iterates(node.for_in.iter, names):
+        if type(node) in (nodes.GeneratorExp, nodes.ListComp) and iterates(node.for_in.iter, names):
             return True
     return False
 
 
 def _deduplicates(function, names):
     for node in walk(function.body):
-        if type(node) is cst.Call:
+        if type(node) is nodes.Call:
             dotted = dotted_name(node.func)
             last = dotted.rpartition(".")[2] if dotted else None
             if last in _DEDUP_CALLS:
@@ -109,24 +109,24 @@ def _deduplicates(function, names):
 
 def _mutates_per_id(loop):
     """A loop that changes state for each id catches a repeat with its own check."""
-    if type(loop) is not cst.For:
+    if type(loop) is not nodes.For:
         return False
-    target = loop.target.value if type(loop.target) is cst.Name else None
+    target = loop.target.value if type(loop.target) is nodes.Name else None
     for node in walk(loop.body):
         kind = type(node)
-        if kind is cst.Assign or kind is cst.AugAssign:
-            targets = [t.target for t in node.targets] if kind is cst.Assign else [node.target]
+        if kind is nodes.Assign or kind is nodes.AugAssign:
+            targets = [t.target for t in node.targets] if kind is nodes.Assign else [node.target]
             for target_node in targets:
-                if type(target_node) is cst.Subscript and root_name(target_node.value) not in (
+                if type(target_node) is nodes.Subscript and root_name(target_node.value) not in (
                     None,
                     target,
                 ):
                     return True
-        elif kind is cst.Del:
+        elif kind is nodes.Del:
             return True
         elif (
-            kind is cst.Call
-            and type(node.func) is cst.Attribute
+            kind is nodes.Call
+            and type(node.func) is nodes.Attribute
             and node.func.attr.value in _MUTATORS
         ):
             return True

@@ -6,7 +6,7 @@ free-list head hashes by identity and drags a tensor into every later allocation
 Normalize each id once at the top of free(): reject bools, then operator.index().
 """
 
-import libcst as cst
+from .. import nodes
 
 from ..cstutil import dotted_name, root_name, walk
 from ..freeing import collection_names, iterates
@@ -79,45 +79,45 @@ def check_free_method(method, ctx):
     uses = []  # (node, name, how)
     for node in walk(function.body):
         kind = type(node)
-        if kind is cst.For:
+        if kind is nodes.For:
             if iterates(node.iter, collections):
                 target = node.target
-                if type(target) in (cst.Tuple, cst.List) and len(target.elements) == 2:
+                if type(target) in (nodes.Tuple, nodes.List) and len(target.elements) == 2:
                     target = target.elements[1].value  # enumerate(P)
-                if type(target) is cst.Name:
+                if type(target) is nodes.Name:
                     ids.add(target.value)
-        elif kind is cst.Assign:
+        elif kind is nodes.Assign:
             value = node.value
             for assigned in node.targets:
                 target = assigned.target
                 if (
-                    type(target) is cst.Name
+                    type(target) is nodes.Name
                     and target.value in ids
                     and target.value not in collections
                 ):
                     ids.discard(target.value)  # rebound: normalized or replaced
                 elif (
-                    type(target) is cst.Name and target.value in collections and _normalizes(value)
+                    type(target) is nodes.Name and target.value in collections and _normalizes(value)
                 ):
                     ids.discard(target.value)
                     collections = collections - {target.value}
-                elif root_name(target) == owner and type(value) is cst.Name and value.value in ids:
+                elif root_name(target) == owner and type(value) is nodes.Name and value.value in ids:
                     uses.append((value, value.value, "stores into"))
-        elif kind is cst.Call:
+        elif kind is nodes.Call:
             callee = dotted_name(node.func)
             last = callee.rpartition(".")[2] if callee else None
             if last in _NORMALIZERS:
                 for arg in node.args:
                     if (
-                        type(arg.value) is cst.Name
+                        type(arg.value) is nodes.Name
                         and arg.value.value in ids
                         and arg.value.value not in collections
                     ):
                         ids.discard(arg.value.value)
-            elif type(node.func) is cst.Attribute and node.func.attr.value in _STORES:
+            elif type(node.func) is nodes.Attribute and node.func.attr.value in _STORES:
                 if root_name(node.func.value) == owner:
                     for arg in node.args:
-                        if type(arg.value) is cst.Name and arg.value.value in ids:
+                        if type(arg.value) is nodes.Name and arg.value.value in ids:
                             uses.append((arg.value, arg.value.value, "stores into"))
             elif (
                 last == "heappush"
@@ -125,20 +125,20 @@ def check_free_method(method, ctx):
                 and root_name(node.args[0].value) == owner
             ):
                 arg = node.args[1].value
-                if type(arg) is cst.Name and arg.value in ids:
+                if type(arg) is nodes.Name and arg.value in ids:
                     uses.append((arg, arg.value, "stores into"))
-        elif kind is cst.Subscript:
+        elif kind is nodes.Subscript:
             if root_name(node.value) == owner and len(node.slice) == 1:
                 index = node.slice[0].slice
                 if (
-                    type(index) is cst.Index
-                    and type(index.value) is cst.Name
+                    type(index) is nodes.Index
+                    and type(index.value) is nodes.Name
                     and index.value.value in ids
                 ):
                     uses.append((index.value, index.value.value, "indexes"))
-        elif kind is cst.Attribute:
+        elif kind is nodes.Attribute:
             if (
-                type(node.value) is cst.Name
+                type(node.value) is nodes.Name
                 and node.value.value in ids
                 and node.attr.value not in _ID_METHODS
             ):
@@ -152,19 +152,19 @@ def check_free_method(method, ctx):
 
 def _normalizes(value):
     """`ids = [int(b) for b in ids]`, `ids = ids.tolist()`, `list(map(int, ids))`."""
-    if type(value) in (cst.ListComp, cst.GeneratorExp, cst.SetComp):
+    if type(value) in (nodes.ListComp, nodes.GeneratorExp, nodes.SetComp):
         elt = value.elt
         return (
-            type(elt) is cst.Call
+            type(elt) is nodes.Call
             and (dotted_name(elt.func) or "").rpartition(".")[2] in _NORMALIZERS
         )
-    if type(value) is cst.Call:
+    if type(value) is nodes.Call:
         for node in walk(value):
-            if type(node) is cst.Name and node.value in ("int", "index", "tolist"):
+            if type(node) is nodes.Name and node.value in ("int", "index", "tolist"):
                 return True
             if (
-                type(node) is cst.Call
-                and type(node.func) is cst.Attribute
+                type(node) is nodes.Call
+                and type(node.func) is nodes.Attribute
                 and node.func.attr.value in ("tolist", "item")
             ):
                 return True

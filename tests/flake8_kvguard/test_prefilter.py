@@ -83,15 +83,59 @@ def test_plugin_import_and_rejected_files_do_not_load_libcst(tmp_path):
         "assert 'libcst' not in sys.modules\n"
         "lines = ['import torch\\n', 'x = torch.zeros(3)\\n', 'print(x.sum())\\n']\n"
         "assert list(KVGChecker(None, lines, 'mod.py').run()) == []\n"
-        "assert 'libcst' not in sys.modules, 'a file without candidates was parsed'\n"
+        "assert 'flake8_kvguard.engine' not in sys.modules, 'a file without candidates was parsed'\n"
         "found = list(KVGChecker(None, ['alloc.free(True)\\n'], 'mod.py').run())\n"
         "assert [f[:2] for f in found] == [(1, 11)], found\n"
-        "assert 'libcst' in sys.modules\n"
+        "assert 'flake8_kvguard.engine' in sys.modules\n"
+        "assert 'libcst' not in sys.modules, 'detection imported libcst'\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
+
+
+
+DETECTION_PROJECT = {
+    "setup.cfg": "[metadata]\nname = example\n",
+    "mod.py": (
+        "import torch\n"
+        "def drop(alloc, n):\n"
+        "    ids = torch.arange(n)\n"
+        "    alloc.free(ids)\n"
+        "    seen = set(ids)\n"
+    ),
+}
+_MODULES_AFTER = (
+    "import sys\n"
+    "sys.argv = {argv!r}\n"
+    "from {module} import main\n"
+    "try:\n"
+    "    status = main({args!r})\n"
+    "except SystemExit as exc:\n"
+    "    status = exc.code\n"
+    "print(status, 'libcst' in sys.modules, 'flake8_kvguard.engine' in sys.modules)\n"
+)
+
+
+@pytest.mark.parametrize(
+    "module,args,wanted",
+    [
+        ("flake8.main.cli", ["-j1", "--select", "KVG", "mod.py"], "1 False True"),
+        ("kvguard.cli", ["lint", "mod.py"], "1 False True"),
+        ("kvguard.cli", ["lint", "--fix", "mod.py"], "0 True True"),
+    ],
+)
+def test_detection_never_imports_libcst(tmp_path, module, args, wanted):
+    """flake8 and `kvguard lint` analyze on Python's own `ast`: only `--fix` loads libcst
+    (its import alone costs 0.2-0.3 s)."""
+    for name, text in DETECTION_PROJECT.items():
+        (tmp_path / name).write_text(text)
+    script = _MODULES_AFTER.format(argv=[module], module=module, args=args)
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.split("\n")[-2] == wanted, done.stdout + done.stderr
 
 
 SLICED = '''\

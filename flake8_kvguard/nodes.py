@@ -806,6 +806,7 @@ def _between(new, first, last):
     return new
 
 
+_TOKEN_START = re.compile(rb"[^\s\\]")
 _DEF_NAME = re.compile(rb"(?:async\s+)?def\s+|class\s+")
 _COMPOUND = (
     ast.If,
@@ -932,7 +933,10 @@ class _Converter:
         for handler in node.handlers:
             name = None
             if handler.name is not None:
-                name = self._name_near(handler.name, handler)
+                after = handler.type or handler
+                name = self._name_after(handler.name, after.end_lineno, after.end_col_offset)
+                if handler.type is None:
+                    name = self._name_near(handler.name, handler)
                 name = _span(AsName(name), name)
             handlers.append(
                 _span(
@@ -1062,21 +1066,32 @@ class _Converter:
         elif kind is ast.Continue:
             new = Continue()
         elif kind is ast.Raise:
-            new = Raise(self.optional(node.exc), self.optional(node.cause))
+            cause = None
+            if node.cause is not None:
+                value = self.expr(node.cause)
+                cause = _span(From(value), value)
+            new = Raise(self.optional(node.exc), cause)
         elif kind is ast.Assert:
             new = Assert(self.expr(node.test), self.optional(node.msg))
         elif kind in (ast.Global, ast.Nonlocal):
-            names = [
-                _span(NameItem(self._name_near(name, node)), node)
-                for name in node.names
-            ]
+            names = []
+            column = node.col_offset
+            for text in node.names:
+                name = self._name_after(text, node.lineno, column)
+                column = name.end_col_offset
+                names.append(_span(NameItem(name), name))
             new = (Global if kind is ast.Global else Nonlocal)(names)
         elif kind is ast.Import:
             new = Import([self.alias(alias) for alias in node.names])
         elif kind is ast.ImportFrom:
-            module = self._dotted(node.module, node) if node.module else None
+            module = None
+            if node.module:
+                first = node.module.partition(".")[0]
+                module = self._dotted(
+                    node.module, self._name_after(first, node.lineno, node.col_offset + 4)
+                )
             if len(node.names) == 1 and node.names[0].name == "*":
-                names = ImportStar()
+                names = _span(ImportStar(), node)
             else:
                 names = [self.alias(alias) for alias in node.names]
             new = ImportFrom(module, names, (".",) * (node.level or 0))
@@ -1092,6 +1107,9 @@ class _Converter:
         asname = None
         if alias.asname is not None:
             target = self._name_near(alias.asname, position)
+            if position is not None:
+                target.lineno = alias.end_lineno
+                target.col_offset = alias.end_col_offset - len(alias.asname.encode("utf-8"))
             asname = _span(AsName(target), target)
         return _span(ImportAlias(name, asname), name)
 
@@ -1102,6 +1120,26 @@ class _Converter:
             name.col_offset = name.end_col_offset = 0
             return name
         return _span(name, where)
+
+    def _name_after(self, text, line, column):
+        """A Name for the identifier `text` where it first stands on `line` after
+        `column` (the source holds it; ast keeps only the string)."""
+        name = Name(text)
+        data = self.lines[line - 1] if 1 <= line <= len(self.lines) else b""
+        word = re.compile(rb"\b" + re.escape(text.encode("utf-8")) + rb"\b")
+        found = word.search(data, column)
+        start = found.start() if found else column
+        name.lineno = name.end_lineno = line
+        name.col_offset = start
+        name.end_col_offset = start + len(text.encode("utf-8"))
+        return name
+
+    def _name_before(self, text, line, column):
+        """A Name for the identifier `text` where it last stands on `line` before
+        `column` (a keyword pattern's `key=`)."""
+        data = self.lines[line - 1][:column] if 1 <= line <= len(self.lines) else b""
+        start = data.rfind(text.encode("utf-8"))
+        return self._name_after(text, line, max(start, 0))
 
     def _dotted(self, text, where):
         parts = text.split(".")
@@ -1116,7 +1154,43 @@ class _Converter:
         return None if node is None else self.expr(node)
 
     def expr(self, node):
-        return _span(getattr(self, "expr_" + type(node).__name__)(node), node)
+        new = _span(getattr(self, "expr_" + type(node).__name__)(node), node)
+        kind = type(node)
+        if (kind is ast.Tuple or kind is ast.GeneratorExp) and self._opens_with_paren(node):
+            # ast spans a tuple's or generator's own parentheses; libcst, and so the
+            # findings, start inside them.
+            new.lineno, new.col_offset = self._after_paren(node.lineno, node.col_offset + 1)
+        return new
+
+    def _opens_with_paren(self, node):
+        if node.lineno > len(self.lines):
+            return False
+        if self.lines[node.lineno - 1][node.col_offset : node.col_offset + 1] != b"(":
+            return False
+        if type(node) is ast.GeneratorExp:
+            first = node.elt
+            generator = node.generators[-1]
+            last = generator.ifs[-1] if generator.ifs else generator.iter
+        elif node.elts:
+            first, last = node.elts[0], node.elts[-1]
+        else:
+            return True  # (): libcst starts at the ")"
+        # `(a), b` starts with a parenthesized element, not with the tuple's own "(".
+        return (first.lineno, first.col_offset) != (node.lineno, node.col_offset) and (
+            last.end_lineno,
+            last.end_col_offset,
+        ) != (node.end_lineno, node.end_col_offset)
+
+    def _after_paren(self, line, column):
+        """The first token at or after (line, column): blanks, line continuations
+        and comments skipped."""
+        while line <= len(self.lines):
+            data = self.lines[line - 1]
+            found = _TOKEN_START.search(data, column)
+            if found is not None and data[found.start() : found.start() + 1] != b"#":
+                return line, found.start()
+            line, column = line + 1, 0
+        return line, column
 
     def expr_Name(self, node):
         return Name(node.id)
@@ -1403,7 +1477,9 @@ class _Converter:
         elif kind is ast.MatchSequence:
             new = MatchList([self._sequence_element(p) for p in node.patterns])
         elif kind is ast.MatchStar:
-            new = MatchStar(self._name_near(node.name, node) if node.name else None)
+            new = MatchStar(
+                self._name_after(node.name, node.lineno, node.col_offset + 1) if node.name else None
+            )
         elif kind is ast.MatchMapping:
             elements = [
                 _span(
@@ -1411,15 +1487,20 @@ class _Converter:
                 )
                 for key, pattern in zip(node.keys, node.patterns)
             ]
-            new = MatchMapping(
-                elements, self._name_near(node.rest, node) if node.rest else None
-            )
+            rest = None
+            if node.rest:
+                after = node.patterns[-1] if node.patterns else node
+                line = after.end_lineno if node.patterns else node.lineno
+                column = after.end_col_offset if node.patterns else node.col_offset
+                rest = self._name_after(node.rest, line, column)
+            new = MatchMapping(elements, rest)
         elif kind is ast.MatchClass:
             patterns = [self._sequence_element(p) for p in node.patterns]
             kwds = [
                 _span(
                     MatchKeywordElement(
-                        self._name_near(key, pattern), self.pattern(pattern)
+                        self._name_before(key, pattern.lineno, pattern.col_offset),
+                        self.pattern(pattern),
                     ),
                     pattern,
                 )
@@ -1427,10 +1508,13 @@ class _Converter:
             ]
             new = MatchClass(self.expr(node.cls), patterns, kwds)
         elif kind is ast.MatchAs:
-            new = MatchAs(
-                self.pattern(node.pattern) if node.pattern is not None else None,
-                self._name_near(node.name, node) if node.name else None,
-            )
+            name = None
+            if node.name and node.pattern is not None:
+                end = node.pattern
+                name = self._name_after(node.name, end.end_lineno, end.end_col_offset)
+            elif node.name:
+                name = self._name_near(node.name, node)
+            new = MatchAs(self.pattern(node.pattern) if node.pattern is not None else None, name)
         elif kind is ast.MatchOr:
             new = MatchOr(
                 [_span(MatchOrElement(self.pattern(p)), p) for p in node.patterns]

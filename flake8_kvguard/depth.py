@@ -1,4 +1,8 @@
-"""A cheap scan that keeps input libcst cannot survive away from it.
+"""A cheap scan that keeps input too deep to analyze safely away from the checker.
+
+The analysis reads Python's own `ast` (nodes.py), converted and walked by Python code
+that recurses a few frames per nesting level, and `--fix` (and syntax newer than the
+running Python) goes through libcst, which does not survive deep input at all:
 
 libcst's native parser builds a node per operator, call, attribute and bracket, and
 nests them: `a and a and ...` of 20,000 operands is 20,000 levels deep. Its parser
@@ -11,8 +15,8 @@ operators or calls take it minutes (its cost grows with the square of the depth)
 statement gets: the bracket depth plus, at every open bracket level, the operators,
 `lambda`/`not`/`await`/conditional keywords and call/attribute/subscript trailers
 chained since the last comma. Flat data (a list of 10,000 negative numbers) stays
-shallow. The estimate only over-counts, never under-counts: libcst never sees a
-statement deeper than the limit, and real code stays far below it (the deepest
+shallow. The estimate only over-counts, never under-counts: neither the conversion
+nor libcst ever sees a statement deeper than the limit, and real code stays far below it (the deepest
 statement in DeepSpeed, vLLM, SGLang, lmdeploy and aphrodite-engine scores under 60).
 """
 

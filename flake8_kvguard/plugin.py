@@ -1,11 +1,12 @@
 """The flake8 face: `flake8 --select KVG`.
 
 flake8 picks a plugin's type from the names of its `__init__` parameters: `tree`
-makes this an AST plugin (the tree itself is unused, the rules read libcst's), and
-`lines` hands over the source flake8 already read and decoded. Importing this module
-is cheap: libcst and the rules load only for a file that passes the textual
-pre-filter, so flake8 pays next to nothing on files that cannot hold a finding,
-whatever `--select` says.
+makes this an AST plugin: the analysis reads the `ast` tree flake8 has already
+parsed (converted by nodes.py), so a file is never parsed twice, and `lines` hands
+over the source flake8 already read and decoded. Importing this module is cheap: the
+rules load only for a file that passes the textual pre-filter, so flake8 pays next
+to nothing on files that cannot hold a finding, whatever `--select` says; libcst is
+never imported.
 """
 
 from __future__ import annotations

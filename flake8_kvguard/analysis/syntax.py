@@ -1,4 +1,4 @@
-"""Shapes of libcst statements that the walks share: blocks, parameters, decorators.
+"""Shapes of statements (nodes.py) that the walks share: blocks, parameters, decorators.
 
 Small pure functions over nodes; they know nothing of values or rules.
 """

@@ -48,9 +48,17 @@ _TOKENS = re.compile(
 _OPERAND_END = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_)]}\"'")
 
 
-def too_deep(text: str, limit: int = MAX_DEPTH):
+def too_deep(text: str, limit: int = MAX_DEPTH, tree=None):
     """None when every statement is shallow enough to parse safely, else (the line the
-    first too deep statement starts on, why)."""
+    first too deep statement starts on, why).
+
+    With the file's `ast` tree, the same answer, usually without the scan: a
+    statement's estimate never exceeds twice its brackets plus its operators and
+    keywords (each raises it by at most one, a bracket by two with its trailer), so
+    statements whose text holds too few of them to reach the limit need no scan; only
+    when one does is the whole text scanned as above."""
+    if tree is not None and "\r" not in text and not _may_be_too_deep(text, tree, limit):
+        return None  # ("\r" alone ends no statement for the scan: scan those files)
     counters = [0]  # chain length since the last comma, per open bracket level
     total = 0  # sum(counters): the estimated depth of the current expression
     line = statement = 1
@@ -98,3 +106,69 @@ def too_deep(text: str, limit: int = MAX_DEPTH):
         if total > limit:
             return statement, f"an expression nested more than {limit} deep"
     return None
+
+
+_WORDS = re.compile(r"\b(?:and|or|not|lambda|await|if|else)\b")
+_RAISING = "-+*/%@&|^~."
+_LINE_STARTS = re.compile(r"\r\n?|\n")
+
+
+def _bound(segment: str) -> int:
+    """More than the scan can count in `segment`: every bracket twice, every operator
+    character and keyword once, inside strings and comments too."""
+    count = 2 * (segment.count("(") + segment.count("[") + segment.count("{"))
+    for char in _RAISING:
+        count += segment.count(char)
+    return count + len(_WORDS.findall(segment))
+
+
+def _may_be_too_deep(text: str, tree, limit: int) -> bool:
+    """Whether some statement's text (a simple statement, or a compound statement's
+    header with its decorators) holds enough to reach `limit` (then scan)."""
+    starts = [0]
+    starts.extend(match.end() for match in _LINE_STARTS.finditer(text))
+    starts.append(len(text))
+    last_line = len(starts) - 1
+
+    def segment(first, last):
+        first = min(max(first, 1), last_line)
+        last = min(max(last, first), last_line)
+        return text[starts[first - 1] : starts[last]]
+
+    pending = [getattr(tree, "body", None) or []]
+    while pending:
+        for stmt in pending.pop():
+            whole = segment(stmt.lineno, stmt.end_lineno or stmt.lineno)
+            if len(whole) * 2 <= limit or _bound(whole) <= limit:
+                if not getattr(stmt, "decorator_list", None):
+                    continue  # nothing in it can reach the limit
+            blocks = [
+                getattr(stmt, name, None) or [] for name in ("body", "orelse", "finalbody")
+            ]
+            blocks = [block for block in blocks if isinstance(block, list)]
+            for handler in getattr(stmt, "handlers", None) or []:
+                blocks.append(handler.body)
+            for case in getattr(stmt, "cases", None) or []:
+                blocks.append(case.body)
+            first = stmt.lineno
+            for decorator in getattr(stmt, "decorator_list", None) or []:
+                first = min(first, decorator.lineno)
+            inner = [block[0].lineno for block in blocks if block]
+            if not inner:  # a simple statement
+                last = stmt.end_lineno or stmt.lineno
+            else:  # a header: up to its first body (elif/except/case headers come below)
+                last = max(stmt.lineno, min(inner) - 1)
+                for handler in getattr(stmt, "handlers", None) or []:
+                    if len(segment(handler.lineno, handler.body[0].lineno)) * 2 > limit:
+                        if _bound(segment(handler.lineno, handler.body[0].lineno)) > limit:
+                            return True
+                for case in getattr(stmt, "cases", None) or []:
+                    where = case.pattern.lineno
+                    if _bound(segment(where, max(where, case.body[0].lineno))) > limit:
+                        return True
+                pending.extend(blocks)
+            text_of = segment(first, last)
+            if len(text_of) * 2 > limit and _bound(text_of) > limit:
+                return True
+    return False
+

@@ -7,6 +7,7 @@ files, filter by code and `# noqa`, and print.
 from __future__ import annotations
 
 import ast
+import gc
 import io
 import re
 import sys
@@ -71,7 +72,7 @@ def parse(source, *, scanned=False, tree=None, body=None):
     text = decode(source)
     if text is None:
         return None
-    with deep_recursion():
+    with deep_recursion(), gc_paused():
         if tree is None:
             try:
                 tree = ast.parse(text)
@@ -101,6 +102,23 @@ def decode(source):
         return None
 
 
+class gc_paused:
+    """The conversion and the analysis make hundreds of thousands of small objects and
+    no reference cycles worth collecting on the way: with the cyclic collector on, its
+    full passes over the whole heap (flake8's included) take as long as the work itself.
+    Paused for one module, and restored as it was."""
+
+    def __enter__(self):
+        self.enabled = gc.isenabled()
+        gc.disable()
+        return self
+
+    def __exit__(self, *exc):
+        if self.enabled:
+            gc.enable()
+        return False
+
+
 class deep_recursion:
     """Converting a tree (nodes.py), generating code and transforming it with libcst
     (`--fix`) recurse a few frames per nesting level: raise the recursion limit while
@@ -127,7 +145,7 @@ def analyze(module, config, index, source=None):
 
     if source is None or isinstance(source, bytes):
         source = module.code
-    with deep_recursion():
+    with deep_recursion(), gc_paused():
         return _analyze(module, config, LocalIndex(index, source))
 
 
@@ -162,17 +180,21 @@ def lint_source(source, config, index, *, use_prefilter=True, tree=None):
     reports it as E999); valid Python nested too deep to parse safely yields the one
     KVG000 line that says so."""
     text = source if isinstance(source, str) else source.decode("latin-1")
-    body = None
+    kvg105_only = False  # no free-like call: only KVG105 can be found
     if use_prefilter:
         prefilter = prefilter_for(config)
         if not prefilter.has_free_call(text):
             if not prefilter.has_tensor_hashing(text, index):
                 return []
-            if isinstance(source, str):
-                reduced = _reduced(source, tree)
-                if reduced is not None:
-                    (source, body), tree = reduced
-    deep = depth.too_deep(text)
+            kvg105_only = True
+    if tree is None and isinstance(source, str):
+        tree = _ast_of(source)
+    body = None
+    if kvg105_only and tree is not None and isinstance(source, str):
+        reduced = slicing.reduce_tree(source, tree)
+        if reduced is not None:
+            source, body = reduced
+    deep = depth.too_deep(text, tree=tree)
     if deep is not None:
         return _skipped(text, deep, tree)
     module = parse(source if body is None else text, scanned=True, tree=tree, body=body)
@@ -186,16 +208,13 @@ def lint_source(source, config, index, *, use_prefilter=True, tree=None):
         return []
 
 
-def _reduced(source, tree):
-    """((reduced text, kept statements), tree) for a file that can only hold KVG105
-    (slicing.py), or None to analyze it whole."""
-    if tree is None:
-        try:
-            tree = ast.parse(source)
-        except (SyntaxError, ValueError, RecursionError, MemoryError):
-            return None
-    reduced = slicing.reduce_tree(source, tree)
-    return None if reduced is None else (reduced, tree)
+def _ast_of(source):
+    """Python's tree of `source`, or None where Python cannot build it (then the
+    depth scan and parse() say why)."""
+    try:
+        return ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
 
 
 def _skipped(text, deep, tree):

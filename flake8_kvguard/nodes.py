@@ -828,6 +828,8 @@ if hasattr(ast, "TryStar"):
 class _Converter:
     """ast -> libcst-shaped nodes, reading the source lines where ast says too little."""
 
+    _expressions: dict = {}  # ast type -> the method converting it
+
     def __init__(self, lines):
         self.lines = lines
 
@@ -1154,8 +1156,15 @@ class _Converter:
         return None if node is None else self.expr(node)
 
     def expr(self, node):
-        new = _span(getattr(self, "expr_" + type(node).__name__)(node), node)
         kind = type(node)
+        convert = self._expressions.get(kind)
+        if convert is None:
+            convert = self._expressions[kind] = getattr(type(self), "expr_" + kind.__name__)
+        new = convert(self, node)
+        new.lineno = node.lineno
+        new.col_offset = node.col_offset
+        new.end_lineno = node.end_lineno
+        new.end_col_offset = node.end_col_offset
         if (kind is ast.Tuple or kind is ast.GeneratorExp) and self._opens_with_paren(node):
             # ast spans a tuple's or generator's own parentheses; libcst, and so the
             # findings, start inside them.

@@ -123,3 +123,39 @@ def test_a_deep_file_is_not_parsed_and_not_fixed():
     from flake8_kvguard import fixer
 
     assert fixer.fix_source(source.encode(), config.DEFAULT, index.EMPTY) == (source.encode(), 0)
+
+
+DEEP_IN_EVERY_PLACE = {
+    "statement": "x = 1\ny = " + " + ".join(["a"] * 250) + "\n",
+    "decorator": "@d(" + " + ".join(["a"] * 250) + ")\ndef f():\n    pass\n",
+    "signature": "def f(x=" + " or ".join(["a"] * 250) + "):\n    pass\n",
+    "nested": "class C:\n    def f(self):\n        if a:\n            y = " + "-" * 250 + "a\n",
+    "elif": "if a:\n    pass\nelif " + " and ".join(["b"] * 250) + ":\n    pass\n",
+    "except": "try:\n    pass\nexcept (" + ", ".join(["E." * 250 + "E"]) + "):\n    pass\n",
+    "case": "match x:\n    case 1 if " + " and ".join(["a"] * 250) + ":\n        pass\n",
+    "with": "with " + "f(" * 150 + ")" * 150 + ":\n    pass\n",
+    "flat": "table = [" + ", ".join(["-1", "a.b.c", "f(x)"] * 2_000) + "]\n",
+    "near": "x = " + " + ".join(["a"] * 200) + "\n",
+    "over": "x = " + " + ".join(["a"] * 202) + "\n",
+    "one_line_suite": "if a: y = " + " + ".join(["a"] * 250) + "\n",
+    # "\r" alone ends no statement for the scan: two statements of 120 add up.
+    "carriage_returns": ("x = " + " + ".join(["a"] * 120) + "\r") * 2,
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEEP_IN_EVERY_PLACE) + sorted(DEEP))
+def test_the_bound_from_the_tree_gives_the_scans_answer(name):
+    """With Python's tree, too_deep() skips the scan where no statement can reach the
+    limit: the answer is the scan's, wherever the deep part sits."""
+    import ast
+
+    text = DEEP_IN_EVERY_PLACE.get(name) or ("alloc.free(ids)\n" + DEEP[name])
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, RecursionError, MemoryError):
+        pytest.skip("Python cannot build its tree: the scan alone decides")
+    assert depth.too_deep(text, tree=tree) == depth.too_deep(text)
+    if name in ("flat", "near"):
+        assert depth.too_deep(text) is None
+    elif name in DEEP_IN_EVERY_PLACE:
+        assert depth.too_deep(text) is not None, name

@@ -351,7 +351,8 @@ class Slice(CSTNode):
 
 
 class Tuple(BaseExpression):
-    __slots__ = ("elements",)
+    __slots__ = ("elements", "inside")  # inside: where it starts within its own "("
+    _children = ("elements",)
 
 
 class List(BaseExpression):
@@ -391,7 +392,8 @@ class SetComp(BaseExpression):
 
 
 class GeneratorExp(BaseExpression):
-    __slots__ = ("elt", "for_in")
+    __slots__ = ("elt", "for_in", "inside")
+    _children = ("elt", "for_in")
 
 
 class DictComp(BaseExpression):
@@ -777,6 +779,14 @@ def segment(module, node) -> str:
         data = lines[first][node.col_offset :] + b"".join(lines[first + 1 : last])
         data += lines[last][: node.end_col_offset]
     return data.decode("utf-8", "replace")
+
+
+def start(node) -> tuple:
+    """(line, byte column) where a finding at `node` is reported: its span's start, or
+    for a tuple or generator in its own parentheses, just inside them (as libcst has
+    it)."""
+    inside = getattr(node, "inside", None)
+    return inside if inside is not None else (node.lineno, node.col_offset)
 
 
 def character_column(module, line: int, column: int) -> int:
@@ -1166,9 +1176,9 @@ class _Converter:
         new.end_lineno = node.end_lineno
         new.end_col_offset = node.end_col_offset
         if (kind is ast.Tuple or kind is ast.GeneratorExp) and self._opens_with_paren(node):
-            # ast spans a tuple's or generator's own parentheses; libcst, and so the
-            # findings, start inside them.
-            new.lineno, new.col_offset = self._after_paren(node.lineno, node.col_offset + 1)
+            # ast spans a tuple's or generator's own parentheses, as its source text
+            # does; libcst's position, and so a finding's, is inside them.
+            new.inside = self._after_paren(node.lineno, node.col_offset + 1)
         return new
 
     def _opens_with_paren(self, node):

@@ -14,9 +14,9 @@ def positions(module, targets) -> dict:
     """{id(node): (line, column)} for the given nodes of `module`."""
     found = {}
     for node in targets:
-        line = getattr(node, "lineno", None)
-        if line is None:
+        if getattr(node, "lineno", None) is None:
             found[id(node)] = (1, 0)
         else:
-            found[id(node)] = (line, nodes.character_column(module, line, node.col_offset))
+            line, column = nodes.start(node)
+            found[id(node)] = (line, nodes.character_column(module, line, column))
     return found

@@ -173,7 +173,7 @@ def _our_walk(module):
         if name in _NOT_COMPARED or node is module:
             continue
         if isinstance(node, nodes.BaseExpression):
-            found.append((name, node.lineno, node.col_offset))
+            found.append((name, *nodes.start(node)))
         else:
             found.append((name,))
     return found
@@ -251,6 +251,17 @@ def test_fields_the_analysis_reads():
     negation = body[2].body[0].value
     assert type(negation.operator) is nodes.Not
     assert type(negation.expression.comparisons[0].operator) is nodes.In
+
+
+def test_source_text_keeps_a_tuples_parentheses_and_findings_start_inside():
+    module = engine.parse("ids.append((start, end))\nx = (y for y in z)\n")
+    call = module.body[0].body[0].value
+    pair = call.args[0].value
+    assert nodes.segment(module, pair) == "(start, end)"  # as libcst's code for it
+    assert nodes.start(pair) == (1, 12)
+    generator = module.body[1].body[0].value
+    assert nodes.segment(module, generator) == "(y for y in z)"
+    assert nodes.start(generator) == (2, 5)
 
 
 def test_positions_count_characters_for_findings():

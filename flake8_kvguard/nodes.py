@@ -816,6 +816,7 @@ def _between(new, first, last):
     return new
 
 
+_AST_NAME = ast.Name
 _TOKEN_START = re.compile(rb"[^\s\\]")
 _DEF_NAME = re.compile(rb"(?:async\s+)?def\s+|class\s+")
 _COMPOUND = (
@@ -1167,10 +1168,14 @@ class _Converter:
 
     def expr(self, node):
         kind = type(node)
-        convert = self._expressions.get(kind)
-        if convert is None:
-            convert = self._expressions[kind] = getattr(type(self), "expr_" + kind.__name__)
-        new = convert(self, node)
+        if kind is _AST_NAME:  # a third of all nodes: no dispatch
+            new = Name(node.id)
+        else:
+            convert = self._expressions.get(kind)
+            if convert is None:
+                convert = getattr(type(self), "expr_" + kind.__name__)
+                self._expressions[kind] = convert
+            new = convert(self, node)
         new.lineno = node.lineno
         new.col_offset = node.col_offset
         new.end_lineno = node.end_lineno

@@ -436,6 +436,7 @@ def accelerated(kind, guard, original, param, read, plain, main, ledger_of, drai
     wrapper.__wrapped__ = original
     wrapper.__kvguard__ = guard
     wrapper.__name__ = wrapper.__qualname__ = "allocate" if kind == ACCEL.ALLOCATE else "release"
+    wrapper.__module__ = __name__  # as the closure's (the type's docstring stays its __doc__)
     return wrapper
 
 

@@ -500,3 +500,10 @@ def test_an_interpreter_running_without_the_gil_gets_the_closures():
     done = _run_python(FALLBACK_SCRIPT.format(hide=hide))
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "function", "double-free", "1", "True", "False"]
+
+
+def test_a_wrapper_names_the_module_its_closure_would(implementation):
+    a = LinkedFreeList(4)
+    kvguard.guard(a, LINKED_FREE_LIST_SPEC)
+    assert vars(a)["free"].__module__ == "kvguard.guard.shadowing"
+    assert vars(a)["allocate"].__name__ == "allocate"

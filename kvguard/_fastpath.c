@@ -257,7 +257,7 @@ typedef struct {
     PyObject *owner_var;     /* ACTIVE_OWNER */
     PyObject *tick;
     PyObject *slow;          /* the Python trampoline to the careful path */
-    PyObject *engine_count;  /* attrgetter(refcount_attr), or None */
+    PyObject *engine_count;  /* refcount_attr's name (str), attrgetter(dotted), or None */
     PyObject *contain;
     /* The compiled readers (see read_ids): fastread's type -> kind table for plain specs;
        for ``id_attr`` specs the attribute, the skip, its keeps_all and the allocator. */
@@ -859,7 +859,30 @@ read_objects(Wrapper *w, PyObject *value)
     if (!PyList_CheckExact(value) && !PyTuple_CheckExact(value))
         Py_RETURN_NONE;
     if (w->skip != Py_None) {
-        if (w->keeps_all != Py_None) {
+        if (PyTuple_CheckExact(w->keeps_all)) {
+            /* keeps_all's identities: every item's attribute *is* the object paired with it */
+            Py_ssize_t j, np = PyTuple_GET_SIZE(w->keeps_all);
+            for (i = 0; i < PySequence_Fast_GET_SIZE(value); i++) {
+                PyObject *item = Py_NewRef(PySequence_Fast_GET_ITEM(value, i));
+                for (j = 0; j < np; j++) {
+                    PyObject *pair = PyTuple_GET_ITEM(w->keeps_all, j);
+                    PyObject *got = PyObject_GetAttr(item, PyTuple_GET_ITEM(pair, 0));
+                    int same;
+                    if (got == NULL) {
+                        Py_DECREF(item);
+                        return NULL;
+                    }
+                    same = got == PyTuple_GET_ITEM(pair, 1);
+                    Py_DECREF(got);
+                    if (!same) {
+                        Py_DECREF(item);
+                        Py_RETURN_NONE;
+                    }
+                }
+                Py_DECREF(item);
+            }
+        }
+        else if (w->keeps_all != Py_None) {
             PyObject *r = PyObject_CallFunctionObjArgs(w->keeps_all, w->allocator, value, NULL);
             int t;
             if (r == NULL)
@@ -1035,7 +1058,9 @@ release_locked(Wrapper *w, Call *c)
                 goto error;
             }
             while ((item = PyIter_Next(it)) != NULL) {
-                PyObject *count = PyObject_CallOneArg(w->engine_count, item);
+                PyObject *count = PyUnicode_CheckExact(w->engine_count)
+                    ? PyObject_GetAttr(item, w->engine_count)  /* a plain refcount_attr */
+                    : PyObject_CallOneArg(w->engine_count, item);
                 Py_DECREF(item);
                 if (count == NULL || PyList_Append(held, count) < 0) {
                     Py_XDECREF(count);

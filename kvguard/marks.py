@@ -16,3 +16,8 @@ def guard_of(allocator):
         return vars(allocator).get(ATTR)
     except TypeError:
         return None
+
+
+THE_ALLOCATOR = type("TheAllocator", (), {"__repr__": lambda self: "THE_ALLOCATOR"})()
+"""In a ``keeps_all.identities`` declaration (see ``kvguard.guard.shadowing``): stands for the
+guarded allocator itself."""

@@ -24,7 +24,7 @@ Size ``num_gpu_blocks`` (the null block included), free count ``get_num_free_blo
 
 from __future__ import annotations
 
-from ..marks import guard_of
+from ..marks import THE_ALLOCATOR, guard_of
 from ..spec import AllocatorSpec
 from .methods import adapter, freeing
 
@@ -57,6 +57,8 @@ def _all_this_pools(pool, blocks) -> bool:
     return True
 
 
+# The same test as identities, for the compiled wrapper to check without calling Python.
+_all_this_pools.identities = (("is_null", False), ("pool", THE_ALLOCATOR))
 _not_this_pools.keeps_all = _all_this_pools
 
 

@@ -23,7 +23,7 @@ import sys
 
 from ..fastread import ITERATORS, KINDS, plain_ids
 from ..ids import torch_tensor_type
-from ..marks import ATTR
+from ..marks import ATTR, THE_ALLOCATOR
 from ..owners import ACTIVE_OWNER
 from ..stacks import SITES, SiteTable
 from . import careful
@@ -405,6 +405,21 @@ def wrap_alloc(guard, original):
     return allocate
 
 
+def keeps_all_for(skip, allocator):
+    """What the compiled wrapper asks before reading block objects: ``skip.keeps_all`` (called
+    as the closure calls it), or, where it declares ``identities`` (``(attribute, object)``
+    pairs, ``THE_ALLOCATOR`` for the allocator), those pairs, which C checks item by item
+    without a Python call: every item's attribute must *be* the object. Stricter than a Python
+    ``keeps_all`` that tests truth (``is_null`` being 0 is not ``False``), never looser: an
+    item that fails goes to the careful path, whose verdict is the one the fast path gives."""
+    keeps_all = getattr(skip, "keeps_all", None)
+    identities = getattr(keeps_all, "identities", None)
+    if identities is None:
+        return keeps_all
+    return tuple((sys.intern(name), allocator if want is THE_ALLOCATOR else want)
+                 for name, want in identities)
+
+
 def accelerated(kind, guard, original, param, read, plain, main, ledger_of, drain, put, slow,
                 engine_count):
     """The compiled twin of ``release`` / ``allocate`` (``kind``), bound to what the closure
@@ -422,6 +437,7 @@ def accelerated(kind, guard, original, param, read, plain, main, ledger_of, drai
     counter = getattr(guard._tick, "__self__", None)  # the guard's itertools.count
     objects = read is not None and spec.id_attr is not None and "." not in spec.id_attr
     skip = spec.skip if objects else None
+    count_attr = spec.refcount_attr or ""  # a plain name is read in C, not through attrgetter
     wrapper = ACCEL.Wrapper(
         kind, guard, original, guard.lock,
         param.pos if param is not None and param.pos is not None else -1,
@@ -429,9 +445,10 @@ def accelerated(kind, guard, original, param, read, plain, main, ledger_of, drai
         param.default if param is not None else MISSING,
         read, plain, main, ledger_of, drain, put, ITERATORS, guard.stats, guard.history,
         guard._depth, capture, SITES._index if native else None,
-        SITES if native else None, ACTIVE_OWNER, guard._tick, slow, engine_count,
+        SITES if native else None, ACTIVE_OWNER, guard._tick, slow,
+        count_attr if engine_count is not None and "." not in count_attr else engine_count,
         contain, KINDS if plain else None, spec.id_attr if objects else None, skip,
-        getattr(skip, "keeps_all", None), guard.allocator if objects else None,
+        keeps_all_for(skip, guard.allocator), guard.allocator if objects else None,
         counter if type(counter) is itertools.count else None, draw, chance)
     wrapper.__wrapped__ = original
     wrapper.__kvguard__ = guard

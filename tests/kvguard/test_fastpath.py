@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 import kvguard
 from kvguard.guard import careful, shadowing
+from kvguard.marks import THE_ALLOCATOR
 
 from .conftest import compiled_wrappers
 from .helpers import ledger_state
@@ -54,6 +55,8 @@ class TolerantPool:
         self.size = SIZE
         self.ref = {p: [0] * SIZE for p in (0, 1)}
         self.objects = [Block(b, objects and b == 0, self.ref[0]) for b in range(SIZE)]
+        for block in self.objects:
+            block.pool = self  # as vLLM's blocks name their pool
         self.use_objects = objects
         first = 1 if objects else 0
         self.free_list = {p: list(range(SIZE - 1, first - 1, -1)) for p in (0, 1)}
@@ -113,6 +116,24 @@ def _null_hinted(block) -> bool:
 
 _null_hinted.keeps_all = lambda pool, blocks: not any(map(_null, blocks))
 
+
+FOREIGN = object()
+"""The pool of the "foreign" form's blocks: another pool's, which ``_null_declared`` skips as
+vLLM's adapter skips blocks it hands on to their own pool."""
+
+
+def _null_declared(block) -> bool:
+    return getattr(block, "is_null", False) or getattr(block, "pool", None) is FOREIGN
+
+
+def _all_of_this_pool(pool, blocks) -> bool:
+    return all(not b.is_null and b.pool is pool for b in blocks)
+
+
+# vLLM's adapter form: the compiled wrapper checks the identities, the closure calls the function
+_all_of_this_pool.identities = (("is_null", False), ("pool", THE_ALLOCATOR))
+_null_declared.keeps_all = _all_of_this_pool
+
 SHAPES = {
     "plain": (False, kvguard.AllocatorSpec(size="size", free_count="num_free")),
     "tensor_ok": ("tensors", kvguard.AllocatorSpec(tensor_ok=True, size="size")),
@@ -125,6 +146,10 @@ SHAPES = {
     "id_attr_hinted": (True, kvguard.AllocatorSpec(share="share", refcounted=True,
                                                    id_attr="block_id", skip=_null_hinted,
                                                    iterator_ok=True, size="size")),
+    "id_attr_identities": (True, kvguard.AllocatorSpec(share="share", refcounted=True,
+                                                       id_attr="block_id", skip=_null_declared,
+                                                       refcount_attr="ref_cnt",
+                                                       iterator_ok=True, size="size")),
     "id_attr_plain": (True, kvguard.AllocatorSpec(id_attr="block_id", size="size")),
     "refcount_attr": (True, kvguard.AllocatorSpec(share="share", refcounted=True,
                                                   id_attr="block_id", refcount_attr="ref_cnt",
@@ -136,7 +161,7 @@ PLAIN_FORMS = ["list", "tuple", "int", "np64", "np32", "npu8", "npscalar", "npli
                "gen", "bool", "npbool", "npboolscalar", "tensor", "negative", "float", "set",
                "2d", "tensor32", "tensoru8", "tensorbool", "tensorfloat", "tensor2d",
                "tensor0d", "tensornegative"]
-OBJECT_FORMS = ["list", "tuple", "reversed", "gen", "ints", "null", "missing"]
+OBJECT_FORMS = ["list", "tuple", "reversed", "gen", "ints", "null", "missing", "foreign"]
 
 
 def shape_ids(ids, form):
@@ -212,6 +237,11 @@ def shape_objects(allocator, ids, form):
         return blocks + [allocator.objects[0]]
     if form == "missing":
         return blocks + [STRAY]
+    if form == "foreign":  # the same ids, live here too, but blocks of another pool
+        foreign = [Block(b.block_id, False, allocator.ref[0]) for b in blocks]
+        for b in foreign:
+            b.pool = FOREIGN
+        return foreign
     return blocks
 
 
@@ -309,6 +339,8 @@ def use_wrappers(accel):
 @example(steps=[("free", [], PLAIN_FORMS.index("tensorbool"), 0)], mode="raise",
          stacks="off")  # empty mask
 @example(steps=[("free", [], PLAIN_FORMS.index("tensorfloat"), 0)], mode="log", stacks="off")
+@example(steps=[("alloc", 3, 0), ("free", [0, 1, 2], OBJECT_FORMS.index("foreign"), 0)],
+         mode="log", stacks="off")  # live ids, every block another pool's: all skipped
 def test_the_fast_path_gives_the_careful_paths_verdicts(shape, steps, mode, stacks):
     """Compiled wrappers, Python closures and the careful path: same outcome of every call,
     same violations, live blocks, counters, ledger columns (the interned sites of every

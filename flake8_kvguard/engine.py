@@ -12,6 +12,7 @@ import io
 import re
 import sys
 import tokenize
+import warnings
 
 from . import analysis, depth, nodes, positions, slicing
 from .prefilter import prefilter_for
@@ -75,7 +76,7 @@ def parse(source, *, scanned=False, tree=None, body=None):
     with deep_recursion(), gc_paused():
         if tree is None:
             try:
-                tree = ast.parse(text)
+                tree = _parse_quietly(text)
             except SyntaxError:
                 if body is not None:
                     return None
@@ -212,9 +213,17 @@ def _ast_of(source):
     """Python's tree of `source`, or None where Python cannot build it (then the
     depth scan and parse() say why)."""
     try:
-        return ast.parse(source)
+        return _parse_quietly(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
+
+
+def _parse_quietly(text):
+    """ast.parse without the warnings Python's compiler gives about the code (an invalid
+    escape sequence): they are the file's business, not the checker's output."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ast.parse(text)
 
 
 def _skipped(text, deep, tree):

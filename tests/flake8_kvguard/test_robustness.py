@@ -282,3 +282,12 @@ def test_mutated_fixtures(data):
         + data.draw(st.sampled_from(["", "(", ")", ":", "\n    ", "'", "[", "if x"]))
         + mutated[cut:]
     )
+
+
+def test_pythons_warnings_about_the_code_are_not_the_checkers_output(recwarn):
+    """`"\\("` in a file makes Python's compiler warn (SyntaxWarning from 3.12 on, shown
+    by default): kvguard lint prints findings, not that."""
+    source = 'import torch\npattern = "\\\\("\nalloc.free(torch.arange(3))\n'.replace("\\\\", "\\")
+    found = _strict(source, prefilter=True)
+    assert [f.code for f in found] == ["KVG101"]
+    assert [str(w.message) for w in recwarn.list] == []

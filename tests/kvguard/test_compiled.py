@@ -18,7 +18,6 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
-import threading
 import tracemalloc
 
 import numpy as np
@@ -117,35 +116,6 @@ def test_kvguard_pure_0_keeps_the_compiled_wrappers():
 
 
 # --- what a wrapper must get right beyond verdicts (both implementations) ------------------
-
-
-def _race_two_frees() -> list:
-    a = LinkedFreeList(2)
-    g = kvguard.guard(a, LINKED_FREE_LIST_SPEC)
-    a.allocate(1)
-    barrier = threading.Barrier(2)
-    outcomes = []
-
-    def free_block_zero():
-        barrier.wait()
-        try:
-            a.free([0])
-            outcomes.append("ok")
-        except kvguard.DoubleFreeError:
-            outcomes.append("double-free")
-    threads = [threading.Thread(target=free_block_zero) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert a.free_blocks == 2
-    g.check()
-    return sorted(outcomes)
-
-
-def test_two_threads_freeing_one_block_cannot_both_pass(implementation):
-    for _ in range(20):
-        assert _race_two_frees() == ["double-free", "ok"]
 
 
 class SelfCalling(LinkedFreeList):

@@ -504,7 +504,9 @@ capture_native(Wrapper *w, int limit, PyObject *owner)
             zero = PyLong_FromLong(0);
             if (zero == NULL)
                 return NULL;
-            res = PyObject_CallFunction(w->capture, "OiO", zero, limit, owner);
+            /* SITES.capture itself: w->capture may be the sampled capture, which would draw
+               again (the draw was made by capture_site) */
+            res = PyObject_CallMethod(w->sites, "capture", "OiO", zero, limit, owner);
             Py_DECREF(zero);
             return res;
         }
@@ -1477,6 +1479,18 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         (id_attr != Py_None && !PyUnicode_Check(id_attr))) {
         PyErr_SetString(PyExc_TypeError, "kinds must be a dict or None, id_attr a str or None");
         return NULL;
+    }
+    if (PyTuple_CheckExact(keeps_all)) {  /* identities: read with PyTuple_GET_ITEM below */
+        Py_ssize_t j;
+        for (j = 0; j < PyTuple_GET_SIZE(keeps_all); j++) {
+            PyObject *pair = PyTuple_GET_ITEM(keeps_all, j);
+            if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2 ||
+                !PyUnicode_Check(PyTuple_GET_ITEM(pair, 0))) {
+                PyErr_SetString(PyExc_TypeError,
+                                "keeps_all identities must be (str, object) pairs");
+                return NULL;
+            }
+        }
     }
     if (name != Py_None && !PyUnicode_Check(name)) {
         PyErr_SetString(PyExc_TypeError, "name must be a str or None");

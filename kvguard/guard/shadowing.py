@@ -413,11 +413,16 @@ def keeps_all_for(skip, allocator):
     ``keeps_all`` that tests truth (``is_null`` being 0 is not ``False``), never looser: an
     item that fails goes to the careful path, whose verdict is the one the fast path gives."""
     keeps_all = getattr(skip, "keeps_all", None)
-    identities = getattr(keeps_all, "identities", None)
-    if identities is None:
-        return keeps_all
-    return tuple((sys.intern(name), allocator if want is THE_ALLOCATOR else want)
-                 for name, want in identities)
+    try:
+        pairs = tuple((sys.intern(name), allocator if want is THE_ALLOCATOR else want)
+                      for name, want in getattr(keeps_all, "identities", None))
+    except Exception:  # none declared, or not (str, object) pairs: call keeps_all instead
+        pairs = None
+    if pairs is not None:
+        return pairs
+    if type(keeps_all) is tuple:  # C would take a tuple for pairs: call it, as the closure
+        return lambda allocator, items: keeps_all(allocator, items)
+    return keeps_all
 
 
 def accelerated(kind, guard, original, param, read, plain, main, ledger_of, drain, put, slow,

@@ -477,3 +477,91 @@ def test_a_wrapper_names_the_module_its_closure_would(implementation):
     kvguard.guard(a, LINKED_FREE_LIST_SPEC)
     assert vars(a)["free"].__module__ == "kvguard.guard.shadowing"
     assert vars(a)["allocate"].__name__ == "allocate"
+
+
+# --- found in the second review: keeps_all that is not what it seems; a thread's own free ---
+
+
+def _keeps_tuple():
+    def skip(block):
+        return False
+    skip.keeps_all = ("is_null", False)  # the pairs put on keeps_all itself, by mistake
+    return skip
+
+
+def _keeps_empty_tuple():
+    def skip(block):
+        return getattr(block, "block_id", None) == 1  # block 1 is another pool's
+    skip.keeps_all = ()
+    return skip
+
+
+def _keeps_bad_identities():
+    def skip(block):
+        return False
+
+    def keeps_all(allocator, blocks):
+        return True
+    keeps_all.identities = (("is_null",), (1, False))  # not (name, object) pairs
+    skip.keeps_all = keeps_all
+    return skip
+
+
+@pytest.mark.parametrize("make_skip", [_keeps_tuple, _keeps_empty_tuple, _keeps_bad_identities])
+def test_a_keeps_all_c_cannot_read_as_identities_is_called_as_the_closure_calls_it(make_skip):
+    """Only a well-formed ``keeps_all.identities`` is checked in C; anything else is called,
+    so the compiled wrapper neither crashes on it (a tuple on keeps_all itself once did) nor
+    takes a call the closure sends to the careful path."""
+    seen = []
+    for accel in ([compiled_wrappers()] if compiled_wrappers() else []) + [None]:
+        shadowing_accel, shadowing.ACCEL = shadowing.ACCEL, accel
+        try:
+            spec = kvguard.AllocatorSpec(id_attr="block_id", skip=make_skip(),
+                                         size="num_blocks")
+            a = _ObjectPool()
+            g = kvguard.guard(a, spec, on_violation="log")
+            blocks = a.allocate(2)
+            a.free(blocks)
+        finally:
+            shadowing.ACCEL = shadowing_accel
+        seen.append((g.stats.to_dict(), sorted(g.live), [v.kind for v in g.violations]))
+    assert all(s == seen[-1] for s in seen), seen
+
+
+NO_FRAME_FREES = """
+    import _thread, sys, threading, time
+    import kvguard
+    from kvguard.examples import LINKED_FREE_LIST_SPEC, LinkedFreeList
+    from kvguard.guard import shadowing
+
+    if sys.argv[1] == "pure":
+        shadowing.ACCEL = None
+    a = LinkedFreeList(64)
+    g = kvguard.guard(a, LINKED_FREE_LIST_SPEC, on_violation=sys.argv[2], sample=2)
+    ids = [a.allocate(1)[0] for _ in range(20)]
+    threading.excepthook = lambda *args: None
+    sys.stderr = open("/dev/null", "w")
+    for b in ids:
+        _thread.start_new_thread(a.free, (b,))  # the wrapper is the thread's own function
+        time.sleep(0.02)
+    stats = g.stats.to_dict()
+    print(stats["free_calls"], stats["internal_errors"], g._capture.__kvguard_sample__[0]())
+"""
+
+
+@pytest.mark.parametrize("mode", ["raise", "log"])
+def test_a_free_with_no_python_frame_under_it_samples_as_the_closure_does(mode):
+    """``sample=N`` on a free that is a thread's own function (no Python caller): one draw
+    per call and the same contained capture failure on both implementations."""
+    if compiled_wrappers() is None:
+        pytest.skip("kvguard._fastpath is not built")
+    outs = []
+    for which in ("compiled", "pure"):
+        environ = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+        done = subprocess.run([sys.executable, "-c", textwrap.dedent(NO_FRAME_FREES), which,
+                               mode], env=environ, cwd=ROOT, capture_output=True, text=True,
+                              timeout=120, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+        outs.append(done.stdout.split())
+    assert outs[0] == outs[1]

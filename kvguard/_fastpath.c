@@ -968,16 +968,28 @@ read_ids(Wrapper *w, PyObject *value)
     return PyObject_CallOneArg(w->read, value);
 }
 
-static PyObject *
-append_history(Wrapper *w, PyObject *clock, PyObject *ids, PyObject *site, PyObject *pool,
-               PyObject *what)
+/* What a fast call leaves behind once its ledger work is done, as the closures do it: the
+   call and its blocks counted in ``Stats`` (``calls`` and ``blocks`` name the two counters),
+   then one flight-recorder entry ``(clock, ids, site, pool, what)``. -1 with an error set. */
+static int
+record_call(Wrapper *w, PyObject *calls, PyObject *blocks, Py_ssize_t n, PyObject *clock,
+            PyObject *ids, PyObject *site, PyObject *pool, PyObject *what)
 {
-    PyObject *entry = PyTuple_Pack(5, clock, ids, site, pool, what), *r;
+    PyObject *entry, *r;
+    if (stats_bump(w->stats, w->off_calls, calls, 1) < 0 ||
+        stats_bump(w->stats, w->off_blocks, blocks, n) < 0)
+        return -1;
+    if (w->history == Py_None)
+        return 0;
+    entry = PyTuple_Pack(5, clock, ids, site, pool, what);
     if (entry == NULL)
-        return NULL;
+        return -1;
     r = PyObject_CallOneArg(w->history, entry);
     Py_DECREF(entry);
-    return r;
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
 }
 
 #define SMALL 32
@@ -1150,15 +1162,9 @@ release_locked(Wrapper *w, Call *c)
                             goto error;
                     }
                 }
-                if (stats_bump(w->stats, w->off_calls, s_share_calls, 1) < 0 ||
-                    stats_bump(w->stats, w->off_blocks, s_blocks_shared, n) < 0)
+                if (record_call(w, s_share_calls, s_blocks_shared, n, clock, ids, site, h.pool,
+                                s_share) < 0)
                     goto error;
-                if (w->history != Py_None) {
-                    PyObject *r = append_history(w, clock, ids, site, h.pool, s_share);
-                    if (r == NULL)
-                        goto error;
-                    Py_DECREF(r);
-                }
                 ret = result;
                 result = NULL;
                 goto done;
@@ -1208,15 +1214,9 @@ release_locked(Wrapper *w, Call *c)
                 }
                 n = dropped;
             }
-            if (stats_bump(w->stats, w->off_calls, s_free_calls, 1) < 0 ||
-                stats_bump(w->stats, w->off_blocks, s_blocks_freed, n) < 0)
+            if (record_call(w, s_free_calls, s_blocks_freed, n, clock, ids, site, h.pool,
+                            s_free) < 0)
                 goto error;
-            if (w->history != Py_None) {
-                PyObject *r = append_history(w, clock, ids, site, h.pool, s_free);
-                if (r == NULL)
-                    goto error;
-                Py_DECREF(r);
-            }
             ret = result;
             result = NULL;
             goto done;
@@ -1330,15 +1330,9 @@ allocate_locked(Wrapper *w, Call *c)
                 }
             }
         }
-        if (stats_bump(w->stats, w->off_calls, s_alloc_calls, 1) < 0 ||
-            stats_bump(w->stats, w->off_blocks, s_blocks_allocated, n) < 0)
+        if (record_call(w, s_alloc_calls, s_blocks_allocated, n, clock, ids, site, h.pool,
+                        s_allocate) < 0)
             goto error;
-        if (w->history != Py_None) {
-            PyObject *r = append_history(w, clock, ids, site, h.pool, s_allocate);
-            if (r == NULL)
-                goto error;
-            Py_DECREF(r);
-        }
         ret = result;
         result = NULL;
         goto done;

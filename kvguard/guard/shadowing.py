@@ -390,13 +390,7 @@ def wrap_alloc(guard, original):
                         if history is not None:
                             history.append((clock, ids, site, pool, "allocate"))
                         return result
-            try:
-                site = capture(1, depth, owner_var())
-            except Exception as exc:
-                site = contain(guard, exc)
-            seen, result = one_shot(result)
-            protect(guard, commit_allocation, guard, args, kwargs, seen, site)
-            return result
+            return alloc_slow(guard, capture, args, kwargs, result, depth, up=2)
         finally:
             unlock()
 
@@ -471,11 +465,12 @@ def stacks_slow(slow):
     return careful_path
 
 
-def alloc_slow(guard, capture, args, kwargs, result, depth):
-    """The allocation closure's careful tail, for the compiled wrapper (this frame stands in for
-    the closure's: the site is one frame up)."""
+def alloc_slow(guard, capture, args, kwargs, result, depth, up=1):
+    """An allocation's careful tail: the site captured ``up`` frames above this one (1 for the
+    compiled wrapper, which has no frame of its own; 2 for the closure, which calls this), the
+    result read once and committed."""
     try:
-        site = capture(1, depth, ACTIVE_OWNER.get())
+        site = capture(up, depth, ACTIVE_OWNER.get())
     except Exception as exc:
         site = contain(guard, exc)
     seen, result = one_shot(result)

@@ -227,6 +227,375 @@ slot_offset(PyObject *stats, PyObject *name)
     return offset;
 }
 
+/* --- the guard's lock ---------------------------------------------------------------------- */
+
+/* GuardLock: a reentrant lock with threading.RLock's interface and behaviour (acquire(blocking,
+   timeout), release(), the context manager, _is_owned, _release_save/_acquire_restore for
+   threading.Condition, _at_fork_reinit), made for the compiled wrappers, which take and drop
+   it inline: an RLock costs them three Python-level calls per guarded call, and CPython's
+   RLock.acquire parses its arguments and reads the clock (PyThread_acquire_lock_timed does,
+   even for a try that does not wait) on every call.
+
+   Its state (owner, count, waiters, posted) is read and written only with the GIL held, so
+   the GIL is what makes each step atomic, as for CPython's RLock's owner and count: an
+   uncontended acquire or release is a few integer writes and no system call. Only a thread
+   that finds the lock held by another waits, on ``gate``, an OS lock kept acquired, with the
+   GIL released; a release that leaves waiters posts the gate once (``posted``) to wake one.
+   A woken waiter takes the lock if it is free when it has the GIL back, else waits again
+   (another thread may have taken it in between), so a post is never lost: either a waiter
+   consumes it and re-checks, or it is still pending for the next. kvguard uses it as
+   ``Guard.lock`` only with the compiled wrappers; a free-threaded interpreter running without
+   the GIL never loads this module (kvguard.guard.shadowing). */
+
+typedef struct {
+    PyObject_HEAD
+    PyThread_type_lock gate; /* acquired, except while a post for waiters is pending */
+    unsigned long owner;     /* the holding thread's PyThread_get_thread_ident() (0: none) */
+    unsigned long count;     /* re-entry depth; 0: free */
+    Py_ssize_t waiters;      /* threads in glock_wait (blocked on the gate, or about to be) */
+    int posted;              /* the gate was released for waiters and no waiter took it yet */
+    PyObject *weakreflist;
+} GuardLock;
+
+static PyTypeObject GuardLock_Type;
+
+static PyObject *monotonic = NULL;  /* time.monotonic, fetched on the first timed wait */
+
+/* The monotonic clock in microseconds; -1 with an error set. Only timed waits read it. */
+static int
+now_us(double *out)
+{
+    PyObject *r;
+    if (monotonic == NULL) {
+        PyObject *time_mod = PyImport_ImportModule("time");
+        if (time_mod == NULL)
+            return -1;
+        monotonic = PyObject_GetAttrString(time_mod, "monotonic");
+        Py_DECREF(time_mod);
+        if (monotonic == NULL)
+            return -1;
+    }
+    r = PyObject_CallNoArgs(monotonic);
+    if (r == NULL)
+        return -1;
+    *out = PyFloat_AsDouble(r) * 1e6;
+    Py_DECREF(r);
+    return (*out == -1e6 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* Wait for the lock held by another thread, then take it for ``me``, as CPython's
+   acquire_timed waits: with the GIL released, interruptible (``intr``): an interruption runs
+   the signal handlers and an exception they raise ends the wait. us < 0: no time limit
+   (us == 0 is the caller's: it does not wait). 1: taken, 0: timed out, -1: an exception. */
+static int
+glock_wait(GuardLock *L, unsigned long me, long long us, int intr)
+{
+    double deadline = 0.0;
+    PyLockStatus r;
+    if (us > 0) {
+        if (now_us(&deadline) < 0)
+            return -1;
+        deadline += (double)us;
+    }
+    L->waiters++;
+    for (;;) {
+        Py_BEGIN_ALLOW_THREADS
+        r = PyThread_acquire_lock_timed(L->gate, (PY_TIMEOUT_T)us, intr);
+        Py_END_ALLOW_THREADS
+        if (r == PY_LOCK_ACQUIRED)
+            L->posted = 0;  /* the post was for us: the gate is acquired again */
+        if (L->count == 0) {
+            L->waiters--;
+            L->owner = me;
+            L->count = 1;
+            return 1;
+        }
+        /* still held (taken by another thread before we had the GIL back): wait again */
+        if (r == PY_LOCK_INTR && Py_MakePendingCalls() < 0) {
+            L->waiters--;
+            return -1;
+        }
+        if (us > 0) {
+            double t;
+            if (now_us(&t) < 0) {
+                L->waiters--;
+                return -1;
+            }
+            if (t >= deadline) {
+                L->waiters--;
+                return 0;
+            }
+            us = (long long)(deadline - t) + 1;
+        }
+    }
+}
+
+/* acquire() for thread ``me``: 1 taken (or re-entered), 0 not (us == 0, or timed out), -1
+   with an exception (a count overflow, or a signal handler's). us as in glock_wait. */
+static int
+glock_acquire(GuardLock *L, unsigned long me, long long us)
+{
+    if (L->count == 0) {
+        L->owner = me;
+        L->count = 1;
+        return 1;
+    }
+    if (L->owner == me) {
+        if (L->count == ULONG_MAX) {
+            PyErr_SetString(PyExc_OverflowError, "Internal lock count overflowed");
+            return -1;
+        }
+        L->count++;
+        return 1;
+    }
+    if (us == 0)
+        return 0;
+    return glock_wait(L, me, us, 1);
+}
+
+/* The lock is free now (count just went to 0): wake one waiter, if any. */
+static void
+glock_freed(GuardLock *L)
+{
+    L->owner = 0;
+    if (L->waiters > 0 && !L->posted) {
+        L->posted = 1;
+        PyThread_release_lock(L->gate);
+    }
+}
+
+/* release() for thread ``me``: RuntimeError, as RLock's, when ``me`` does not hold it. */
+static int
+glock_release(GuardLock *L, unsigned long me)
+{
+    if (L->count == 0 || L->owner != me) {
+        PyErr_SetString(PyExc_RuntimeError, "cannot release un-acquired lock");
+        return -1;
+    }
+    if (--L->count == 0)
+        glock_freed(L);
+    return 0;
+}
+
+/* A new gate, acquired. NULL with MemoryError. */
+static PyThread_type_lock
+new_gate(void)
+{
+    PyThread_type_lock gate = PyThread_allocate_lock();
+    if (gate == NULL) {
+        PyErr_SetString(PyExc_MemoryError, "cannot allocate lock");
+        return NULL;
+    }
+    if (!PyThread_acquire_lock(gate, NOWAIT_LOCK)) {  /* a new lock is free: cannot fail */
+        PyThread_free_lock(gate);
+        PyErr_SetString(PyExc_RuntimeError, "cannot acquire a new lock");
+        return NULL;
+    }
+    return gate;
+}
+
+static PyObject *
+glock_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    GuardLock *L;
+    PyThread_type_lock gate;
+    if (PyTuple_GET_SIZE(args) || (kwds != NULL && PyDict_GET_SIZE(kwds))) {
+        PyErr_SetString(PyExc_TypeError, "GuardLock() takes no arguments");
+        return NULL;
+    }
+    gate = new_gate();
+    if (gate == NULL)
+        return NULL;
+    L = (GuardLock *)type->tp_alloc(type, 0);
+    if (L == NULL) {
+        PyThread_release_lock(gate);
+        PyThread_free_lock(gate);
+        return NULL;
+    }
+    L->gate = gate;
+    return (PyObject *)L;
+}
+
+static void
+glock_dealloc(GuardLock *L)
+{
+    if (L->weakreflist != NULL)
+        PyObject_ClearWeakRefs((PyObject *)L);
+    if (L->gate != NULL) {
+        /* no thread waits (a waiter holds a reference): the gate is acquired unless posted */
+        if (!L->posted)
+            PyThread_release_lock(L->gate);  /* freed unlocked, as CPython frees its locks */
+        PyThread_free_lock(L->gate);
+    }
+    Py_TYPE(L)->tp_free((PyObject *)L);
+}
+
+/* acquire(blocking=True, timeout=-1) -> bool, with RLock's argument rules. */
+static PyObject *
+glock_acquire_py(GuardLock *L, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"blocking", "timeout", NULL};
+    int blocking = 1, r;
+    PyObject *timeout_obj = NULL;
+    long long us = -1;
+    if (PyTuple_GET_SIZE(args) || kwds != NULL) {
+        if (!PyArg_ParseTupleAndKeywords(args, kwds, "|pO:acquire", kwlist, &blocking,
+                                         &timeout_obj))
+            return NULL;
+    }
+    if (timeout_obj != NULL) {
+        double t = PyFloat_AsDouble(timeout_obj);
+        if (t == -1.0 && PyErr_Occurred())
+            return NULL;
+        if (t != t) {
+            PyErr_SetString(PyExc_ValueError, "Invalid value NaN (not a number)");
+            return NULL;
+        }
+        if (t != -1.0) {
+            if (!blocking) {
+                PyErr_SetString(PyExc_ValueError,
+                                "can't specify a timeout for a non-blocking call");
+                return NULL;
+            }
+            if (t < 0) {
+                PyErr_SetString(PyExc_ValueError, "timeout value must be a non-negative number");
+                return NULL;
+            }
+            t *= 1e6;
+            if (t >= (double)PY_TIMEOUT_MAX) {
+                PyErr_SetString(PyExc_OverflowError, "timeout value is too large");
+                return NULL;
+            }
+            us = (long long)t;
+            if ((double)us < t)
+                us++;  /* rounded up: a timeout never waits less than asked */
+        }
+    }
+    if (!blocking)
+        us = 0;
+    r = glock_acquire(L, PyThread_get_thread_ident(), us);
+    if (r < 0)
+        return NULL;
+    return PyBool_FromLong(r);
+}
+
+static PyObject *
+glock_enter(GuardLock *L, PyObject *Py_UNUSED(arg))
+{
+    int r = glock_acquire(L, PyThread_get_thread_ident(), -1);
+    if (r < 0)
+        return NULL;
+    return PyBool_FromLong(r);
+}
+
+static PyObject *
+glock_release_py(GuardLock *L, PyObject *Py_UNUSED(arg))
+{
+    if (glock_release(L, PyThread_get_thread_ident()) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+glock_exit(GuardLock *L, PyObject *Py_UNUSED(args))
+{
+    return glock_release_py(L, NULL);
+}
+
+static PyObject *
+glock_is_owned(GuardLock *L, PyObject *Py_UNUSED(arg))
+{
+    return PyBool_FromLong(L->count > 0 && L->owner == PyThread_get_thread_ident());
+}
+
+/* threading.Condition's protocol: drop every level at once, then take them back. As RLock's:
+   _release_save checks only that the lock is held, _acquire_restore waits uninterruptibly
+   (Condition.wait calls it in a ``finally``). */
+static PyObject *
+glock_release_save(GuardLock *L, PyObject *Py_UNUSED(arg))
+{
+    unsigned long owner, count;
+    if (L->count == 0) {
+        PyErr_SetString(PyExc_RuntimeError, "cannot release un-acquired lock");
+        return NULL;
+    }
+    owner = L->owner;
+    count = L->count;
+    L->count = 0;
+    glock_freed(L);
+    return Py_BuildValue("(kk)", count, owner);
+}
+
+static PyObject *
+glock_acquire_restore(GuardLock *L, PyObject *args)
+{
+    unsigned long owner, count;
+    unsigned long me = PyThread_get_thread_ident();
+    if (!PyArg_ParseTuple(args, "(kk):_acquire_restore", &count, &owner))
+        return NULL;
+    if (L->count > 0 && glock_wait(L, me, -1, 0) < 0)  /* not interruptible: 1 or -1 */
+        return NULL;
+    L->owner = owner;
+    L->count = count;
+    if (count == 0)  /* a state no _release_save gives; kept consistent all the same */
+        glock_freed(L);
+    Py_RETURN_NONE;
+}
+
+/* In a forked child: free, with a new gate. The old gate is left as it is (a thread of the
+   parent may have been waiting on it: it is in no state to free), as CPython leaves its
+   locks' at fork. */
+static PyObject *
+glock_at_fork_reinit(GuardLock *L, PyObject *Py_UNUSED(arg))
+{
+    PyThread_type_lock gate = new_gate();
+    if (gate == NULL)
+        return NULL;
+    L->gate = gate;
+    L->owner = 0;
+    L->count = 0;
+    L->waiters = 0;
+    L->posted = 0;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+glock_repr(GuardLock *L)
+{
+    return PyUnicode_FromFormat("<%s %s object owner=%lu count=%lu at %p>",
+                                L->count ? "locked" : "unlocked", Py_TYPE(L)->tp_name,
+                                L->owner, L->count, (void *)L);
+}
+
+static PyMethodDef glock_methods[] = {
+    {"acquire", (PyCFunction)(void (*)(void))glock_acquire_py, METH_VARARGS | METH_KEYWORDS,
+     "acquire(blocking=True, timeout=-1) -> bool: as threading.RLock's."},
+    {"release", (PyCFunction)glock_release_py, METH_NOARGS,
+     "Drop one level; RuntimeError when this thread does not hold the lock."},
+    {"__enter__", (PyCFunction)glock_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)glock_exit, METH_VARARGS, NULL},
+    {"_is_owned", (PyCFunction)glock_is_owned, METH_NOARGS,
+     "Whether this thread holds the lock."},
+    {"_release_save", (PyCFunction)glock_release_save, METH_NOARGS, NULL},
+    {"_acquire_restore", (PyCFunction)glock_acquire_restore, METH_VARARGS, NULL},
+    {"_at_fork_reinit", (PyCFunction)glock_at_fork_reinit, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject GuardLock_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "kvguard._fastpath.GuardLock",
+    .tp_basicsize = sizeof(GuardLock),
+    .tp_dealloc = (destructor)glock_dealloc,
+    .tp_repr = (reprfunc)glock_repr,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The guard's reentrant lock (threading.RLock's interface), taken inline by the "
+              "compiled wrappers.",
+    .tp_weaklistoffset = offsetof(GuardLock, weakreflist),
+    .tp_methods = glock_methods,
+    .tp_new = glock_new,
+};
+
 /* --- the wrapper object ------------------------------------------------------------------- */
 
 enum { KIND_FREE = 0, KIND_SHARE = 1, KIND_ALLOC = 2 };
@@ -237,7 +606,9 @@ typedef struct {
     PyObject *dict;
     PyObject *weakreflist;   /* weakref.ref(allocator.free) works, as on a function */
     int kind;
-    PyObject *guard, *original, *owned, *acquire, *unlock;
+    PyObject *guard, *original;
+    GuardLock *glock;        /* the guard's lock when it is a GuardLock (taken inline), or NULL */
+    PyObject *owned, *acquire, *unlock;  /* any other lock's _is_owned, acquire, release */
     Py_ssize_t pos;          /* -1: none */
     PyObject *name;          /* the argument's keyword name, or None */
     PyObject *dflt;          /* its default (MISSING) */
@@ -1364,6 +1735,20 @@ done:
 
 /* --- the call: pass-through when the lock is ours, else lock, work, unlock --------------- */
 
+/* ``unlock()`` of the call's ``finally``: 0, or -1 with the error set. */
+static int
+unlock(Wrapper *w, unsigned long me)
+{
+    PyObject *r;
+    if (w->glock != NULL)
+        return glock_release(w->glock, me);
+    r = PyObject_CallNoArgs(w->unlock);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
 static PyObject *
 wrapper_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
@@ -1371,20 +1756,36 @@ wrapper_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObjec
     PyObject *r, *ret;
     Call c;
     int own;
+    unsigned long me = 0;
 
-    r = PyObject_CallNoArgs(w->owned);
-    if (r == NULL)
-        return NULL;
-    own = PyObject_IsTrue(r);
-    Py_DECREF(r);
-    if (own < 0)
-        return NULL;
-    if (own)  /* the allocator calling itself, or the guard forwarding */
-        return PyObject_Vectorcall(w->original, args, nargsf, kwnames);
-    r = PyObject_CallNoArgs(w->acquire);
-    if (r == NULL)
-        return NULL;
-    Py_DECREF(r);
+    if (w->glock != NULL) {
+        /* ``if owned(): pass through`` and ``acquire()``, inline */
+        GuardLock *L = w->glock;
+        me = PyThread_get_thread_ident();
+        if (L->count == 0) {  /* free: taken (the GIL makes this atomic) */
+            L->owner = me;
+            L->count = 1;
+        }
+        else if (L->owner == me)  /* the allocator calling itself, or the guard forwarding */
+            return PyObject_Vectorcall(w->original, args, nargsf, kwnames);
+        else if (glock_wait(L, me, -1, 1) < 0)  /* another thread's: wait (1 or -1) */
+            return NULL;
+    }
+    else {
+        r = PyObject_CallNoArgs(w->owned);
+        if (r == NULL)
+            return NULL;
+        own = PyObject_IsTrue(r);
+        Py_DECREF(r);
+        if (own < 0)
+            return NULL;
+        if (own)  /* the allocator calling itself, or the guard forwarding */
+            return PyObject_Vectorcall(w->original, args, nargsf, kwnames);
+        r = PyObject_CallNoArgs(w->acquire);
+        if (r == NULL)
+            return NULL;
+        Py_DECREF(r);
+    }
 
     c.args = args;
     c.nargs = PyVectorcall_NARGS(nargsf);
@@ -1399,8 +1800,7 @@ wrapper_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObjec
     if (ret == NULL) {
         PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);
-        r = PyObject_CallNoArgs(w->unlock);
-        if (r == NULL) {
+        if (unlock(w, me) < 0) {
             /* As Python's ``finally``: the exception in flight becomes the new one's context. */
             PyObject *type2, *value2, *tb2;
             PyErr_NormalizeException(&type, &value, &tb);
@@ -1417,16 +1817,13 @@ wrapper_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObjec
             PyErr_Restore(type2, value2, tb2);
             return NULL;
         }
-        Py_DECREF(r);
         PyErr_Restore(type, value, tb);
         return NULL;
     }
-    r = PyObject_CallNoArgs(w->unlock);
-    if (r == NULL) {
+    if (unlock(w, me) < 0) {
         Py_DECREF(ret);
         return NULL;
     }
-    Py_DECREF(r);
     return ret;
 }
 
@@ -1501,9 +1898,17 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     w->depth = depth;
     w->guard = Py_NewRef(guard);
     w->original = Py_NewRef(original);
-    w->owned = PyObject_GetAttrString(lock, "_is_owned");
-    w->acquire = PyObject_GetAttrString(lock, "acquire");
-    w->unlock = PyObject_GetAttrString(lock, "release");
+    if (Py_IS_TYPE(lock, &GuardLock_Type))  /* exactly: a subclass may change what it does */
+        w->glock = (GuardLock *)Py_NewRef(lock);
+    else {
+        w->owned = PyObject_GetAttrString(lock, "_is_owned");
+        w->acquire = w->owned ? PyObject_GetAttrString(lock, "acquire") : NULL;
+        w->unlock = w->acquire ? PyObject_GetAttrString(lock, "release") : NULL;
+    }
+    if (w->glock == NULL && w->unlock == NULL) {
+        Py_DECREF(w);
+        return NULL;
+    }
     w->name = Py_NewRef(name);
     w->dflt = Py_NewRef(dflt);
     w->read = Py_NewRef(read);
@@ -1514,6 +1919,10 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     w->stats = Py_NewRef(stats);
     w->history = history == Py_None ? Py_NewRef(Py_None) : PyObject_GetAttrString(history,
                                                                                    "append");
+    if (w->history == NULL) {  /* before anything else calls into Python */
+        Py_DECREF(w);
+        return NULL;
+    }
     w->capture = Py_NewRef(capture);
     w->sites_index = Py_NewRef(sites_index);
     w->sites = Py_NewRef(sites);
@@ -1547,10 +1956,6 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         w->off_calls = slot_offset(stats, calls);
         w->off_blocks = slot_offset(stats, blocks);
     }
-    if (w->owned == NULL || w->acquire == NULL || w->unlock == NULL || w->history == NULL) {
-        Py_DECREF(w);
-        return NULL;
-    }
     if (w->main != Py_None) {
         Hot h;
         if (!unpack_hot(w->main, &h)) {
@@ -1573,6 +1978,7 @@ wrapper_traverse(Wrapper *w, visitproc visit, void *arg)
     Py_VISIT(w->dict);
     Py_VISIT(w->guard);
     Py_VISIT(w->original);
+    Py_VISIT(w->glock);
     Py_VISIT(w->owned);
     Py_VISIT(w->acquire);
     Py_VISIT(w->unlock);
@@ -1610,6 +2016,7 @@ wrapper_clear(Wrapper *w)
     Py_CLEAR(w->dict);
     Py_CLEAR(w->guard);
     Py_CLEAR(w->original);
+    Py_CLEAR(w->glock);
     Py_CLEAR(w->owned);
     Py_CLEAR(w->acquire);
     Py_CLEAR(w->unlock);
@@ -1794,7 +2201,7 @@ PyInit__fastpath(void)
         return NULL;
     }
     Py_DECREF(array_mod);
-    if (PyType_Ready(&Wrapper_Type) < 0)
+    if (PyType_Ready(&Wrapper_Type) < 0 || PyType_Ready(&GuardLock_Type) < 0)
         return NULL;
     m = PyModule_Create(&fastpath_module);
     if (m == NULL)
@@ -1802,6 +2209,12 @@ PyInit__fastpath(void)
     Py_INCREF(&Wrapper_Type);
     if (PyModule_AddObject(m, "Wrapper", (PyObject *)&Wrapper_Type) < 0) {
         Py_DECREF(&Wrapper_Type);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&GuardLock_Type);
+    if (PyModule_AddObject(m, "GuardLock", (PyObject *)&GuardLock_Type) < 0) {
+        Py_DECREF(&GuardLock_Type);
         Py_DECREF(m);
         return NULL;
     }

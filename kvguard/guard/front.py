@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import random
-import threading
 import types
 import weakref
 from collections import Counter, deque
@@ -77,7 +76,7 @@ class Guard:
             self._allocator = weakref.ref(allocator)
         except TypeError:
             self._allocator = lambda allocator=allocator: allocator
-        self.lock = threading.RLock()
+        self.lock = shadowing.new_lock()
         """Held across every guarded call: hooks that touch the ledgers take it too."""
         self._tick = itertools.count(2).__next__
         """The guard's call counter: the ledger stamps each block with the call that last

@@ -20,6 +20,7 @@ import itertools
 import operator
 import os
 import sys
+import threading
 
 from ..fastread import ITERATORS, KINDS, plain_ids
 from ..ids import torch_tensor_type
@@ -50,6 +51,16 @@ def _accelerator():
 ACCEL = _accelerator()
 """The compiled wrappers in use, or None for the closures below (the reference). Tests switch
 it to run the guard both ways."""
+
+
+def new_lock():
+    """A new guard's lock. With the compiled wrappers, their ``GuardLock``: a reentrant lock
+    with ``threading.RLock``'s interface that the wrappers take and drop inline in C (an RLock
+    costs them three Python-level calls per guarded call, each parsing its arguments and
+    reading the clock); everything else (hooks, the closures of ``roles``, ``with
+    guard.lock``) uses it as an RLock. Without them, ``threading.RLock``."""
+    lock_type = getattr(ACCEL, "GuardLock", None)
+    return lock_type() if lock_type is not None else threading.RLock()
 
 
 def reduce_hook(guard):

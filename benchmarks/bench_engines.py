@@ -39,6 +39,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+# One OpenBLAS thread: numpy's BLAS threads spin after each call, and on a small machine
+# they take the CPU the timed thread (or the other process of a shared machine) would have.
+# None of the allocators here does linear algebra. Set before numpy loads, which reads it then.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import numpy as np  # noqa: E402
 
 import kvguard  # noqa: E402
@@ -157,10 +162,8 @@ PURE = " [pure]"
 """Suffix of a variant run on the Python wrappers (``--pure``)."""
 
 
-def row(label, make, spec, driver, ops, rounds, target=None, pure=False) -> dict:
-    """Print one allocator's ratios; returns the added microseconds per operation by variant.
-    ``pure``: each guarded variant also on the Python wrappers, alternated in the same rounds,
-    its ratio printed beside."""
+def variants_of(make, spec, pure=False, prefix="") -> dict:
+    """``make``'s raw and guarded variants (and on the Python wrappers, ``pure``), by name."""
     def guarded(options, on_python=False):
         def build():
             allocator = make()
@@ -169,11 +172,19 @@ def row(label, make, spec, driver, ops, rounds, target=None, pure=False) -> dict
             return allocator
         return build
 
-    variants = {"raw": make}
-    variants.update({name: guarded(options) for name, options in GUARDS.items()})
+    variants = {prefix + "raw": make}
+    variants.update({prefix + name: guarded(options) for name, options in GUARDS.items()})
     if pure:
-        variants.update({name + PURE: guarded(options, True) for name, options in GUARDS.items()})
-    med = compare(variants, driver, ops, rounds)
+        variants.update({prefix + name + PURE: guarded(options, True)
+                         for name, options in GUARDS.items()})
+    return variants
+
+
+def row(label, make, spec, driver, ops, rounds, target=None, pure=False, timings=None) -> dict:
+    """Print one allocator's ratios; returns the added microseconds per operation by variant.
+    ``pure``: each guarded variant also on the Python wrappers, alternated in the same rounds,
+    its ratio printed beside. ``timings``: the fastest times, measured already (``twins``)."""
+    med = timings or compare(variants_of(make, spec, pure), driver, ops, rounds)
     raw = med["raw"]
     print(f"{label}: raw {raw / len(ops) * 1e6:.2f} us/op ({len(ops)} ops)")
     added = {}
@@ -453,10 +464,16 @@ def main() -> int:
             lambda: NumpyRefcountedPool(n), NUMPY_REFCOUNTED_SPEC, numpy_driver(), shared,
             args.rounds, {name: "<= 1.5x" for name in GUARDS}, pure)
     if want("int64"):
-        as_np = row("one-id-per-call pool of np.int64 elements", lambda: ElementPool(n),
-                    ELEMENT_SPEC, ELEMENT_DRIVER, plain, args.rounds, pure=pure)
-        as_int = row("  its twin with plain-int ids", lambda: ElementPool(n, numpy_ids=False),
-                     ELEMENT_SPEC, ELEMENT_DRIVER, plain, args.rounds, pure=pure)
+        # the two pools alternated in the same rounds: their added times are compared
+        twin = "plain-int twin: "
+        both = compare({**variants_of(lambda: ElementPool(n), ELEMENT_SPEC, pure),
+                        **variants_of(lambda: ElementPool(n, numpy_ids=False), ELEMENT_SPEC,
+                                      pure, twin)}, ELEMENT_DRIVER, plain, args.rounds)
+        as_np = row("one-id-per-call pool of np.int64 elements", None, None, None, plain, 0,
+                    pure=pure, timings={k: v for k, v in both.items() if not k.startswith(twin)})
+        as_int = row("  its twin with plain-int ids (alternated with it)", None, None, None,
+                     plain, 0, pure=pure, timings={k[len(twin):]: v for k, v in both.items()
+                                                    if k.startswith(twin)})
         for name in GUARDS:
             beside = (f"; pure {as_np[name + PURE]:.2f} and {as_int[name + PURE]:.2f}"
                       if pure else "")

@@ -633,6 +633,13 @@ typedef struct {
     /* The compiled readers (see read_ids): fastread's type -> kind table for plain specs;
        for ``id_attr`` specs the attribute, the skip, its keeps_all and the allocator. */
     PyObject *kinds;         /* dict, or None */
+    /* What read_numpy learned from ``kinds`` and numpy (strong references, or NULL): the
+       last numpy type read and its kind (kinds' entries never change once learned), a dtype
+       object seen to be of kind "i" or "u" (a dtype's kind never changes), and the array
+       type's own ``tolist`` method descriptor when looking it up on an instance can only find
+       that (see numpy_facts). */
+    PyObject *np_type, *int_dtype, *np_tolist;
+    int np_kind;
     PyObject *id_attr;       /* str, or None: the Python reader reads */
     PyObject *skip, *keeps_all, *allocator;
     /* Guard.stats counters as __slots__ members: their offsets (-1: go through getattr) */
@@ -1154,59 +1161,123 @@ enum { K_OTHER = 0, K_ARRAY = 1, K_SCALAR = 2 };
 
 static PyObject *s_ndim, *s_dtype, *s_kind, *s_tolist;
 
+/* The kind ``kinds`` gives ``value``'s type: K_ARRAY or K_SCALAR, K_OTHER (not numpy's, or
+   not learned yet), -1 with an error. The last numpy type found is remembered (an entry of
+   fastread's table never changes once learned), with, for an array type, its ``tolist``
+   method descriptor when ``value.tolist`` can resolve to nothing else: a type that cannot be
+   changed (not a heap type), with the generic attribute lookup and no instance __dict__. */
+static int
+numpy_kind(Wrapper *w, PyObject *value)
+{
+    PyTypeObject *tp = Py_TYPE(value);
+    PyObject *kind;
+    long k;
+    if ((PyObject *)tp == w->np_type)
+        return w->np_kind;
+    kind = PyDict_GetItemWithError(w->kinds, (PyObject *)tp);
+    if (kind == NULL)
+        return PyErr_Occurred() ? -1 : K_OTHER;
+    k = PyLong_CheckExact(kind) ? PyLong_AsLong(kind) : -1;
+    if (k == -1 && PyErr_Occurred())
+        PyErr_Clear();
+    if (k != K_ARRAY && k != K_SCALAR)
+        return K_OTHER;
+    Py_XSETREF(w->np_type, Py_NewRef((PyObject *)tp));
+    Py_CLEAR(w->np_tolist);
+    w->np_kind = (int)k;
+    if (k == K_ARRAY && !(tp->tp_flags & Py_TPFLAGS_HEAPTYPE) &&
+        tp->tp_getattro == PyObject_GenericGetAttr && tp->tp_dictoffset == 0) {
+        PyObject *d = PyObject_GetAttr((PyObject *)tp, s_tolist);
+        if (d != NULL && Py_IS_TYPE(d, &PyMethodDescr_Type))
+            w->np_tolist = d;
+        else
+            Py_XDECREF(d);
+        PyErr_Clear();
+    }
+    return (int)k;
+}
+
 /* fastread.plain_ids for a numpy array or scalar whose type fastread has learned: a new list,
-   None (not ids the fast path takes), or NotImplemented (not learned: ask the Python reader). */
+   None (not ids the fast path takes), or NotImplemented (not learned: ask the Python reader).
+   An array is read as ``value.tolist() if value.ndim == 1 and value.dtype.kind in "iu"``,
+   with the ndim test made on what tolist() gives: a 1-D integer array gives a list of ints,
+   a 0-D one an int, a deeper one a list of lists (or, with no rows, an empty list: then ndim
+   is asked). */
 static PyObject *
 read_numpy(Wrapper *w, PyObject *value)
 {
-    PyObject *kind = PyDict_GetItemWithError(w->kinds, (PyObject *)Py_TYPE(value));
-    long k;
-    if (kind == NULL) {
-        if (PyErr_Occurred())
-            return NULL;
-        Py_RETURN_NOTIMPLEMENTED;
-    }
-    k = PyLong_Check(kind) ? PyLong_AsLong(kind) : -1;
+    int k = numpy_kind(w, value);
+    if (k < 0)
+        return NULL;
     if (k == K_ARRAY) {
-        PyObject *ndim, *dtype, *dkind;
-        int ok;
-        ndim = PyObject_GetAttr(value, s_ndim);
-        if (ndim == NULL)
-            return NULL;
-        if (!PyLong_CheckExact(ndim)) {  /* ``ndim == 1`` is Python's to answer */
-            Py_DECREF(ndim);
-            Py_RETURN_NOTIMPLEMENTED;
-        }
-        ok = PyLong_AsLong(ndim) == 1;
-        Py_DECREF(ndim);
-        if (PyErr_Occurred())
-            PyErr_Clear();  /* a huge ndim is not 1 */
-        if (!ok)
-            Py_RETURN_NONE;
+        PyObject *dtype, *out;
         dtype = PyObject_GetAttr(value, s_dtype);
         if (dtype == NULL)
             return NULL;
-        dkind = PyObject_GetAttr(dtype, s_kind);
-        Py_DECREF(dtype);
-        if (dkind == NULL)
-            return NULL;
-        /* ``dtype.kind in "iu"``: one of "i", "u" (or "", "iu") */
-        ok = 0;
-        if (PyUnicode_Check(dkind)) {
-            Py_ssize_t len = PyUnicode_GET_LENGTH(dkind);
-            if (len == 0 || PyUnicode_CompareWithASCIIString(dkind, "i") == 0 ||
-                PyUnicode_CompareWithASCIIString(dkind, "u") == 0 ||
-                PyUnicode_CompareWithASCIIString(dkind, "iu") == 0)
+        if (dtype != w->int_dtype) {
+            /* ``dtype.kind in "iu"``: one of "i", "u" (or "", "iu") */
+            PyObject *dkind = PyObject_GetAttr(dtype, s_kind);
+            int ok = 0;
+            if (dkind == NULL) {
+                Py_DECREF(dtype);
+                return NULL;
+            }
+            if (!PyUnicode_Check(dkind)) {  /* not a str: let Python say what ``in`` does */
+                Py_DECREF(dkind);
+                Py_DECREF(dtype);
+                Py_RETURN_NOTIMPLEMENTED;
+            }
+            if (PyUnicode_CompareWithASCIIString(dkind, "i") == 0 ||
+                PyUnicode_CompareWithASCIIString(dkind, "u") == 0)
+                ok = 2;  /* a kind worth remembering the dtype for */
+            else if (PyUnicode_GET_LENGTH(dkind) == 0 ||
+                     PyUnicode_CompareWithASCIIString(dkind, "iu") == 0)
                 ok = 1;
             Py_DECREF(dkind);
+            if (!ok) {
+                Py_DECREF(dtype);
+                Py_RETURN_NONE;
+            }
+            if (ok == 2)
+                Py_XSETREF(w->int_dtype, Py_NewRef(dtype));
         }
-        else {  /* not a str: let Python say what ``in`` does with it */
-            Py_DECREF(dkind);
-            Py_RETURN_NOTIMPLEMENTED;
+        Py_DECREF(dtype);
+        out = w->np_tolist != NULL && (PyObject *)Py_TYPE(value) == w->np_type
+                  ? PyObject_Vectorcall(w->np_tolist, &value, 1, NULL)
+                  : PyObject_CallMethodNoArgs(value, s_tolist);
+        if (out == NULL || !PyList_CheckExact(out))  /* an error, or a 0-D array's number */
+            goto not_1d;
+        if (PyList_GET_SIZE(out) > 0) {
+            if (PyLong_CheckExact(PyList_GET_ITEM(out, 0)))
+                return out;  /* 1-D: every item is an int */
+            goto not_1d;
         }
-        if (!ok)
+        {   /* no items: 1-D, or an array with no rows (ndim > 1) */
+            PyObject *ndim = PyObject_GetAttr(value, s_ndim);
+            int one;
+            if (ndim == NULL) {
+                Py_DECREF(out);
+                return NULL;
+            }
+            if (!PyLong_CheckExact(ndim)) {  /* ``ndim == 1`` is Python's to answer */
+                Py_DECREF(ndim);
+                Py_DECREF(out);
+                Py_RETURN_NOTIMPLEMENTED;
+            }
+            one = PyLong_AsLong(ndim) == 1;
+            Py_DECREF(ndim);
+            if (PyErr_Occurred())
+                PyErr_Clear();  /* a huge ndim is not 1 */
+            if (one)
+                return out;
+            Py_DECREF(out);
             Py_RETURN_NONE;
-        return PyObject_CallMethodNoArgs(value, s_tolist);
+        }
+    not_1d:
+        if (out == NULL)
+            return NULL;
+        Py_DECREF(out);
+        Py_RETURN_NONE;
     }
     if (k == K_SCALAR) {
         PyObject *one, *b = PyNumber_Long(value);
@@ -2003,6 +2074,9 @@ wrapper_traverse(Wrapper *w, visitproc visit, void *arg)
     Py_VISIT(w->engine_count);
     Py_VISIT(w->contain);
     Py_VISIT(w->kinds);
+    Py_VISIT(w->np_type);
+    Py_VISIT(w->int_dtype);
+    Py_VISIT(w->np_tolist);
     Py_VISIT(w->id_attr);
     Py_VISIT(w->skip);
     Py_VISIT(w->keeps_all);
@@ -2041,6 +2115,9 @@ wrapper_clear(Wrapper *w)
     Py_CLEAR(w->engine_count);
     Py_CLEAR(w->contain);
     Py_CLEAR(w->kinds);
+    Py_CLEAR(w->np_type);
+    Py_CLEAR(w->int_dtype);
+    Py_CLEAR(w->np_tolist);
     Py_CLEAR(w->id_attr);
     Py_CLEAR(w->skip);
     Py_CLEAR(w->keeps_all);

@@ -160,7 +160,8 @@ SHAPES = {
 PLAIN_FORMS = ["list", "tuple", "int", "np64", "np32", "npu8", "npscalar", "nplist", "mixed",
                "gen", "bool", "npbool", "npboolscalar", "tensor", "negative", "float", "set",
                "2d", "tensor32", "tensoru8", "tensorbool", "tensorfloat", "tensor2d",
-               "tensor0d", "tensornegative"]
+               "tensor0d", "tensornegative", "np0d", "np2dempty", "npcol", "npobject",
+               "npu64big", "npfloat", "nptimedelta", "npempty"]
 OBJECT_FORMS = ["list", "tuple", "reversed", "gen", "ints", "null", "missing", "foreign"]
 
 
@@ -216,6 +217,25 @@ def shape_ids(ids, form):
         return set(ids)
     if form == "2d":
         return np.array([ids], dtype=np.int64)
+    # what an array's tolist() gives is not always a 1-D array's list of ints (the compiled
+    # reader tells ndim by it): a 0-D array, a 2-D one with no rows, a column, ints in an
+    # object array or a generic timedelta array (tolist() gives ints; the kind is not "iu")
+    if form == "np0d":
+        return np.array(ids[0] if ids else 0, dtype=np.int64)
+    if form == "np2dempty":
+        return np.zeros((0, len(ids) + 1), dtype=np.int64)
+    if form == "npcol":
+        return np.array([[b] for b in ids], dtype=np.int64)
+    if form == "npobject":
+        return np.array(ids, dtype=object)
+    if form == "npu64big":
+        return np.array([b % 2**63 for b in ids] + [2**64 - 1], dtype=np.uint64)
+    if form == "npfloat":
+        return np.array(ids, dtype=np.float64)
+    if form == "nptimedelta":
+        return np.array(ids, dtype="m8")
+    if form == "npempty":
+        return np.array(ids[:0], dtype=np.int64)
     return list(ids)
 
 

@@ -596,6 +596,67 @@ static PyTypeObject GuardLock_Type = {
     .tp_new = glock_new,
 };
 
+/* --- attributes of block objects ------------------------------------------------------------ */
+
+/* Where an attribute of one type of object is, once looked up: engines' block objects keep
+   their id, refcount and flags in __slots__ (vLLM's KVCacheBlock is a slotted dataclass), and
+   ``getattr`` by name costs more than the rest of a block's checks. The slot is read straight
+   from the object while its type is the one looked up and has not changed since: Python gives
+   a type a new version tag whenever it or a base is modified (the tag CPython's own attribute
+   caches rely on), so the same type with the same tag has the same attribute. Anything else
+   (no tag, a type with its own __getattribute__ or __getattr__, an attribute that is not a
+   plain object slot, a slot not set) is read by ``getattr`` as before. */
+typedef struct {
+    PyObject *type;          /* the type looked up (a strong reference), or NULL */
+    unsigned int tag;        /* its version tag then (never 0 here) */
+    Py_ssize_t offset;       /* the slot's offset in its objects, -1: not a plain slot */
+} SlotCache;
+
+static void
+slot_learn(SlotCache *sc, PyTypeObject *tp, PyObject *name)
+{
+    Py_ssize_t offset = -1;
+    PyObject *d;
+    if (tp->tp_getattro == PyObject_GenericGetAttr && PyUnicode_CheckExact(name)) {
+        d = _PyType_Lookup(tp, name);  /* borrowed; gives the type a version tag if it can */
+        if (d != NULL && Py_IS_TYPE(d, &PyMemberDescr_Type) &&
+            PyType_IsSubtype(tp, PyDescr_TYPE(d))) {
+            PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+            /* a data descriptor: it comes before any instance __dict__ */
+            if (m->type == T_OBJECT_EX && !(m->flags & PY_AUDIT_READ))
+                offset = m->offset;
+        }
+    }
+    if (tp->tp_version_tag == 0 || !PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG))
+        return;  /* no tag to tell a change by: nothing cached */
+    Py_XSETREF(sc->type, Py_NewRef((PyObject *)tp));
+    sc->tag = tp->tp_version_tag;
+    sc->offset = offset;
+}
+
+/* ``getattr(obj, name)``, from the slot when ``sc`` knows where it is. */
+static PyObject *
+get_slot(SlotCache *sc, PyObject *obj, PyObject *name)
+{
+    PyTypeObject *tp = Py_TYPE(obj);
+    PyObject *v;
+    if ((PyObject *)tp == sc->type && tp->tp_version_tag == sc->tag &&
+        PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG)) {
+        if (sc->offset >= 0) {
+            v = *(PyObject **)((char *)obj + sc->offset);
+            if (v != NULL)
+                return Py_NewRef(v);
+        }
+        return PyObject_GetAttr(obj, name);  /* not a slot, or not set: its own error */
+    }
+    v = PyObject_GetAttr(obj, name);
+    if (v != NULL)
+        slot_learn(sc, tp, name);
+    return v;
+}
+
+#define SLOT_PAIRS 4  /* keeps_all identities with a cache each; more are read by getattr */
+
 /* --- the wrapper object ------------------------------------------------------------------- */
 
 enum { KIND_FREE = 0, KIND_SHARE = 1, KIND_ALLOC = 2 };
@@ -642,6 +703,7 @@ typedef struct {
     int np_kind;
     PyObject *id_attr;       /* str, or None: the Python reader reads */
     PyObject *skip, *keeps_all, *allocator;
+    SlotCache id_slot, count_slot, pair_slot[SLOT_PAIRS];  /* id_attr, refcount_attr, pairs */
     /* Guard.stats counters as __slots__ members: their offsets (-1: go through getattr) */
     Py_ssize_t off_calls, off_blocks;
     PyObject *tick_iter;     /* tick's iterator when tick is exactly its __next__, else NULL */
@@ -1310,7 +1372,9 @@ read_objects(Wrapper *w, PyObject *value)
                 PyObject *item = Py_NewRef(PySequence_Fast_GET_ITEM(value, i));
                 for (j = 0; j < np; j++) {
                     PyObject *pair = PyTuple_GET_ITEM(w->keeps_all, j);
-                    PyObject *got = PyObject_GetAttr(item, PyTuple_GET_ITEM(pair, 0));
+                    PyObject *got = j < SLOT_PAIRS
+                        ? get_slot(&w->pair_slot[j], item, PyTuple_GET_ITEM(pair, 0))
+                        : PyObject_GetAttr(item, PyTuple_GET_ITEM(pair, 0));
                     int same;
                     if (got == NULL) {
                         Py_DECREF(item);
@@ -1364,7 +1428,7 @@ read_objects(Wrapper *w, PyObject *value)
     for (i = 0; i < PySequence_Fast_GET_SIZE(value); i++) {
         PyObject *item = PySequence_Fast_GET_ITEM(value, i), *b;
         Py_INCREF(item);
-        b = PyObject_GetAttr(item, w->id_attr);
+        b = get_slot(&w->id_slot, item, w->id_attr);
         Py_DECREF(item);
         if (b == NULL || PyList_Append(out, b) < 0) {
             Py_XDECREF(b);
@@ -1515,7 +1579,7 @@ release_locked(Wrapper *w, Call *c)
             }
             while ((item = PyIter_Next(it)) != NULL) {
                 PyObject *count = PyUnicode_CheckExact(w->engine_count)
-                    ? PyObject_GetAttr(item, w->engine_count)  /* a plain refcount_attr */
+                    ? get_slot(&w->count_slot, item, w->engine_count)  /* a plain name */
                     : PyObject_CallOneArg(w->engine_count, item);
                 Py_DECREF(item);
                 if (count == NULL || PyList_Append(held, count) < 0) {
@@ -2077,6 +2141,10 @@ wrapper_traverse(Wrapper *w, visitproc visit, void *arg)
     Py_VISIT(w->np_type);
     Py_VISIT(w->int_dtype);
     Py_VISIT(w->np_tolist);
+    Py_VISIT(w->id_slot.type);
+    Py_VISIT(w->count_slot.type);
+    for (int j = 0; j < SLOT_PAIRS; j++)
+        Py_VISIT(w->pair_slot[j].type);
     Py_VISIT(w->id_attr);
     Py_VISIT(w->skip);
     Py_VISIT(w->keeps_all);
@@ -2118,6 +2186,10 @@ wrapper_clear(Wrapper *w)
     Py_CLEAR(w->np_type);
     Py_CLEAR(w->int_dtype);
     Py_CLEAR(w->np_tolist);
+    Py_CLEAR(w->id_slot.type);
+    Py_CLEAR(w->count_slot.type);
+    for (int j = 0; j < SLOT_PAIRS; j++)
+        Py_CLEAR(w->pair_slot[j].type);
     Py_CLEAR(w->id_attr);
     Py_CLEAR(w->skip);
     Py_CLEAR(w->keeps_all);

@@ -66,7 +66,8 @@ def check_release(ledger, norm, *, method, pool, site, what, share=False, learn_
             if not b < n or stamp[b] <= 0 and (not share or stamp[b] == 0):
                 break
         else:  # (b < len(stamp) means in range: a sized ledger is exactly its size long)
-            if held is None or min(held, default=1) > 0:
+            # (a count of None, unreadable, is the ledger's to decide: no engine count to heed)
+            if held is None or min((c for c in held if c is not None), default=1) > 0:
                 return Plan(method, pool, ledger, norm, ids, [], site, held)
     faults = list(faults)
     good, learned, foreign, double, out_of_range = [], [], [], [], []

@@ -565,3 +565,64 @@ def test_a_free_with_no_python_frame_under_it_samples_as_the_closure_does(mode):
         assert done.returncode == 0, done.stderr[-2000:]
         outs.append(done.stdout.split())
     assert outs[0] == outs[1]
+
+
+# --- block attributes read from their slots ------------------------------------------------
+
+
+def _slotted_pool():
+    """_ObjectPool handing out blocks of a fresh slotted class (the compiled reader reads a
+    slot straight from the object while the class is as it was when it looked the slot up)."""
+
+    class SlotBlock:
+        __slots__ = ("block_id", "ref_cnt")
+
+        def __init__(self, block_id):
+            self.block_id, self.ref_cnt = block_id, 1
+
+    class Pool(_ObjectPool):
+        def allocate(self, n):
+            return [SlotBlock(self.free_ids.pop(0)) for _ in range(n)]
+
+    pool = Pool()
+    kvguard.guard(pool, kvguard.AllocatorSpec(id_attr="block_id", refcounted=True,
+                                              refcount_attr="ref_cnt", size="num_blocks"),
+                  on_violation="log")
+    return pool, SlotBlock
+
+
+def test_a_block_class_changed_after_its_slots_were_read_is_read_as_it_is_now(implementation):
+    pool, cls = _slotted_pool()
+    g = kvguard.guard_of(pool)
+    blocks = pool.allocate(4)
+    pool.free(blocks[:1])  # block 0 freed, its slots read (and remembered where they are)
+    pool.free(blocks[1:2])
+    assert not g.violations
+    slot = vars(cls)["block_id"]
+    cls.block_id = property(lambda self: 0)  # from now on every block says it is block 0
+    pool.free(blocks[2:3])
+    assert [(v.kind, v.block_ids) for v in g.violations] == [("double-free", (0,))]
+    cls.block_id = slot  # the slot again: block 3 is block 3
+    pool.free(blocks[3:4])
+    assert len(g.violations) == 1 and g.stats.free_calls == 4
+    assert sorted(g.live) == [2], "block 2 was never freed: its free said block 0"
+
+
+def test_a_block_whose_slot_is_unset_or_class_swapped_gets_the_careful_paths_verdict(
+        implementation):
+    pool, cls = _slotted_pool()
+    g = kvguard.guard_of(pool)
+    blocks = pool.allocate(3)
+    pool.free(blocks[:1])  # the slots read and remembered
+    del blocks[1].ref_cnt  # the engine's count unset: the ledger decides
+    pool.free(blocks[1:2])
+    assert not g.violations and g.stats.internal_errors == 0
+    assert sorted(g.live) == [2]
+
+    class Swapped(cls):  # the same layout, and a block_id that is not the slot
+        __slots__ = ()
+        block_id = property(lambda self: 0)
+    blocks[2].__class__ = Swapped
+    pool.free(blocks[2:3])
+    assert [(v.kind, v.block_ids) for v in g.violations] == [("double-free", (0,))]
+    assert g.stats.free_calls == 3 and g.stats.internal_errors == 0

@@ -46,6 +46,16 @@ class Block:
         return self._counts[self.block_id]
 
 
+class SlotBlock:
+    """The same block with its fields in ``__slots__``, as vLLM's ``KVCacheBlock`` (a slotted
+    dataclass): the compiled reader reads those straight from the object. Pools hand out both
+    kinds, mixed, so the readers meet each in turn."""
+
+    __slots__ = ("block_id", "is_null", "_counts", "pool")
+    __init__ = Block.__init__
+    ref_cnt = Block.ref_cnt
+
+
 class TolerantPool:
     """Two sub-pools of ``SIZE`` blocks with reference counts; block 0 of each is the null block
     when ``objects`` (never handed out). Reads any ids leniently and never raises."""
@@ -54,7 +64,8 @@ class TolerantPool:
         self.tensors = tensors
         self.size = SIZE
         self.ref = {p: [0] * SIZE for p in (0, 1)}
-        self.objects = [Block(b, objects and b == 0, self.ref[0]) for b in range(SIZE)]
+        self.objects = [(SlotBlock if b % 2 else Block)(b, objects and b == 0, self.ref[0])
+                        for b in range(SIZE)]
         for block in self.objects:
             block.pool = self  # as vLLM's blocks name their pool
         self.use_objects = objects

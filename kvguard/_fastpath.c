@@ -1175,6 +1175,9 @@ cmp_ll(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+#define DUP_TABLE 1024  /* calls of up to half this many ids are checked for repeats in a
+                           table on the stack; more are sorted */
+
 /* Every id an exact int in range whose stamp passes ``want`` (0: live, 1: not never-seen,
    2: free or unseen), none repeated. ids[] gets the values. */
 static int
@@ -1199,6 +1202,25 @@ ids_ok(PyObject *list, Hot *h, int want, long long *ids)
             for (j = 0; j < i; j++)
                 if (ids[i] == ids[j])
                     return 0;
+    }
+    else if (n <= DUP_TABLE / 2) {
+        /* a set of the ids (all >= 0 by now: -1 marks a free slot), open addressing */
+        long long table[DUP_TABLE];
+        unsigned int bits = 6;
+        size_t mask, slot;
+        while (((Py_ssize_t)1 << bits) < 2 * n)
+            bits++;
+        mask = ((size_t)1 << bits) - 1;
+        memset(table, 0xFF, sizeof(long long) * (mask + 1));
+        for (i = 0; i < n; i++) {
+            slot = (size_t)(((uint64_t)ids[i] * 0x9E3779B97F4A7C15ull) >> (64 - bits));
+            while (table[slot] >= 0) {
+                if (table[slot] == ids[i])
+                    return 0;
+                slot = (slot + 1) & mask;
+            }
+            table[slot] = ids[i];
+        }
     }
     else {
         long long *copy = PyMem_Malloc(sizeof(long long) * (size_t)n);

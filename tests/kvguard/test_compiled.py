@@ -626,3 +626,40 @@ def test_a_block_whose_slot_is_unset_or_class_swapped_gets_the_careful_paths_ver
     pool.free(blocks[2:3])
     assert [(v.kind, v.block_ids) for v in g.violations] == [("double-free", (0,))]
     assert g.stats.free_calls == 3 and g.stats.internal_errors == 0
+
+
+# --- long calls: repeated ids found in a table (up to 512 ids) or by sorting (more) ---------
+
+
+class _Handout:
+    """Hands out exactly the ids it is asked for (so a test picks ids that collide in a hash
+    table, or are spread over a large pool); takes anything back."""
+
+    num_blocks = 1 << 20
+
+    def allocate(self, ids):
+        return list(ids)
+
+    def free(self, ids):
+        pass
+
+
+@pytest.mark.parametrize("n", [25, 40, 257, 512, 513, 700])
+@pytest.mark.parametrize("spread", [1, 1024, 4099])
+@pytest.mark.parametrize("repeat", [None, (0, -1), (-2, -1), (5, 6)])
+def test_a_long_calls_repeated_id_is_found_on_both(implementation, n, spread, repeat):
+    pool = _Handout()
+    g = kvguard.guard(pool, kvguard.AllocatorSpec(size="num_blocks"))
+    ids = [i * spread % pool.num_blocks for i in range(n)]
+    assert len(set(ids)) == n
+    pool.allocate(ids)
+    freed = list(ids)
+    if repeat is not None:
+        freed[repeat[1]] = freed[repeat[0]]
+        with pytest.raises(kvguard.KVGuardError) as err:
+            pool.free(freed)
+        assert err.value.kind == "duplicate-id"
+        assert len(g.live) == n and g.stats.free_calls == 0, "a rejected call changes nothing"
+        freed = ids
+    pool.free(freed)
+    assert not g.live and g.stats.free_calls == 1 and g.stats.blocks_freed == n

@@ -14,8 +14,9 @@ on arrival, a block every 16 tokens, frees at the end, and for refcounted pools 
 - DeepSpeed 0.19.8 ``BlockedAllocator`` (its own code, int32 tensors); target <= 1.1x.
 - SGLang 0.5.23 ``TokenToKVPoolAllocator`` (its own code, int64 tensors in and out).
 - a numpy refcounted pool written here (numpy arrays of ids, refcounts in numpy); <= 1.5x.
-- a pool handing out one ``np.int64`` element per call, beside its plain-int twin: the guard's
-  added time per operation should be no more for the first than for the second.
+- a pool handing out one ``np.int64`` element per call, beside its plain-int twin (the two
+  alternated in the same rounds): the guard's added time per operation should be no more for
+  the first than for the second.
 - the pure-Python free lists of bench_guard.py; stacks off <= 2.5x, cheap <= 3.0x.
 
 Each guarded variant is shown with stacks="off", stacks="cheap" and staging's settings

@@ -358,3 +358,33 @@ def test_fork_while_another_thread_holds_the_compiled_guards_lock(implementation
     finally:
         holder.done()
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.parametrize("wrappers, lock", [("compiled", "GuardLock"), ("pure", "RLock"),
+                                            ("pure", "GuardLock")])
+def test_threads_allocating_and_freeing_through_the_wrappers_under_either_lock(
+        monkeypatch, wrappers, lock):
+    """Both implementations can run in one process (the hooks of ``kvguard.guard.roles`` are
+    Python under the compiled wrappers too), so the Python wrappers must work under a GuardLock."""
+    from kvguard.guard import shadowing
+    if FASTPATH is None and (wrappers == "compiled" or lock == "GuardLock"):
+        pytest.skip("kvguard._fastpath is not built (no C compiler at install)")
+    monkeypatch.setattr(shadowing, "ACCEL", FASTPATH if wrappers == "compiled" else None)
+    monkeypatch.setattr(shadowing, "new_lock",
+                        FASTPATH.GuardLock if lock == "GuardLock" else threading.RLock)
+    pool = guarded_pool()
+    g = kvguard.guard_of(pool)
+    assert type(g.lock).__name__ == lock
+    assert (type(vars(pool)["free"]).__name__ == "Wrapper") == (wrappers == "compiled")
+
+    def work():
+        for _ in range(300):
+            pool.free(pool.allocate())
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    assert (g.stats.alloc_calls, g.stats.free_calls) == (1200, 1200)
+    assert not g.violations and not g.live and len(pool.free_ids) == 8

@@ -22,6 +22,7 @@ statement in DeepSpeed, vLLM, SGLang, lmdeploy and aphrodite-engine scores under
 
 from __future__ import annotations
 
+import itertools
 import re
 
 # Estimated depth of one statement beyond which a file is not parsed. libcst parses
@@ -110,7 +111,8 @@ def too_deep(text: str, limit: int = MAX_DEPTH, tree=None):
 
 _WORDS = re.compile(r"\b(?:and|or|not|lambda|await|if|else)\b")
 _RAISING = "-+*/%@&|^~."
-_LINE_STARTS = re.compile(r"\r\n?|\n")
+_WHOLE = 3_000  # characters: up to this, a compound statement is counted whole first
+_ENDED_LINES = re.compile(r"[^\r\n]*(?:\r\n?|\n)")  # each line up to its break
 
 
 def _bound(segment: str) -> int:
@@ -125,8 +127,8 @@ def _bound(segment: str) -> int:
 def _may_be_too_deep(text: str, tree, limit: int) -> bool:
     """Whether some statement's text (a simple statement, or a compound statement's
     header with its decorators) holds enough to reach `limit` (then scan)."""
-    starts = [0]
-    starts.extend(match.end() for match in _LINE_STARTS.finditer(text))
+    # Where each line starts (the end of each line break), then the end of the text.
+    starts = list(itertools.accumulate(map(len, _ENDED_LINES.findall(text)), initial=0))
     starts.append(len(text))
     last_line = len(starts) - 1
 
@@ -138,10 +140,6 @@ def _may_be_too_deep(text: str, tree, limit: int) -> bool:
     pending = [getattr(tree, "body", None) or []]
     while pending:
         for stmt in pending.pop():
-            whole = segment(stmt.lineno, stmt.end_lineno or stmt.lineno)
-            if len(whole) * 2 <= limit or _bound(whole) <= limit:
-                if not getattr(stmt, "decorator_list", None):
-                    continue  # nothing in it can reach the limit
             blocks = [
                 getattr(stmt, name, None) or [] for name in ("body", "orelse", "finalbody")
             ]
@@ -150,6 +148,19 @@ def _may_be_too_deep(text: str, tree, limit: int) -> bool:
                 blocks.append(handler.body)
             for case in getattr(stmt, "cases", None) or []:
                 blocks.append(case.body)
+            first_line = min(max(stmt.lineno, 1), last_line)
+            last_line_of = min(max(stmt.end_lineno or stmt.lineno, first_line), last_line)
+            size = starts[last_line_of] - starts[first_line - 1]
+            # A big compound statement's own text is not counted: its header and the
+            # statements of its blocks are, one by one below (counting the whole of a
+            # class and then of each of its methods again would read the file once per
+            # nesting level).
+            if size * 2 <= limit or (
+                (not blocks or size <= _WHOLE)
+                and _bound(segment(stmt.lineno, stmt.end_lineno or stmt.lineno)) <= limit
+            ):
+                if not getattr(stmt, "decorator_list", None):
+                    continue  # nothing in it can reach the limit
             first = stmt.lineno
             for decorator in getattr(stmt, "decorator_list", None) or []:
                 first = min(first, decorator.lineno)

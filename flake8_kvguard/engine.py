@@ -156,7 +156,7 @@ def _analyze(module, config, index):
     def report(code, node, message, fix=None, related=None):
         raw.append(_Raw(code, node, message, fix, related))
 
-    analysis.Analysis(module, config, index, HOOKS, report).run()
+    analysis.Analysis(module, config, index, HOOKS, report, skip_quiet=True).run()
     if not raw:
         return []
     nodes = [r.node for r in raw] + [r.related for r in raw if r.related is not None]

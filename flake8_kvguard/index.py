@@ -25,7 +25,7 @@ from . import project, torch_api
 
 LOG = logging.getLogger("flake8.kvguard")
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4  # 4: each file's entry holds the digest of the text it was scanned from
 CACHE_DIR_NAME = ".kvguard_cache"
 CACHE_FILE = "lint-index.json"
 MAX_FILES = 50_000  # a "project" bigger than this is a home directory, not a project
@@ -309,10 +309,18 @@ def scan_source(source: str) -> dict:
     return {"r": returns, "p": sorted(tensor_params), "c": classes, "k": factories}
 
 
-class ProjectIndex:
-    """What the index says, merged over the files of one project."""
+def digest(source: str) -> str:
+    """What identifies a file's text: equal digests, equal scans."""
+    return hashlib.blake2b(source.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
-    def __init__(self, entries=()):
+
+class ProjectIndex:
+    """What the index says, merged over the files of one project. `scans` maps the
+    digest of each file's text to its entry, so that the file being checked need not
+    be scanned again when it is as the index saw it."""
+
+    def __init__(self, entries=(), scans=None):
+        self.scans = scans or {}
         kinds: dict = {}
         tensor_params = set()
         classes: dict = {}
@@ -352,6 +360,10 @@ class ProjectIndex:
     def returns_tensor(self, name: str):
         """ "t", "b", "o" or None for a function or method name."""
         return self.returns.get(name)
+
+    def tensor_returning(self):
+        """The names `returns_tensor` knows (a set-like view)."""
+        return self.returns.keys()
 
     def takes_tensors(self, name: str) -> bool:
         """Some definition of `name` takes its ids as a tensor (by annotation, or by
@@ -393,10 +405,14 @@ class LocalIndex:
 
     def __init__(self, project_index, source: str):
         self.project = project_index
-        self.local = ProjectIndex([scan_source(source)])
+        entry = project_index.scans.get(digest(source)) if project_index.scans else None
+        self.local = ProjectIndex([entry if entry is not None else scan_source(source)])
 
     def returns_tensor(self, name):
         return self.project.returns_tensor(name)
+
+    def tensor_returning(self):
+        return self.project.tensor_returning()
 
     def takes_tensors(self, name):
         return self.local.takes_tensors(name) or self.project.takes_tensors(name)
@@ -501,21 +517,23 @@ def build(root: str) -> ProjectIndex:
         entry = cached.get(relative)
         if (
             type(entry) is list
-            and len(entry) == 3
+            and len(entry) == 4
             and entry[:2] == stamp
             and type(entry[2]) is dict
+            and type(entry[3]) is str
         ):
             files[relative] = entry
             continue
         source = _read_source(path)
         if source is None:
             continue
-        files[relative] = stamp + [scan_source(source)]
+        files[relative] = stamp + [scan_source(source), digest(source)]
         changed = True
     if changed or len(files) != len(cached):
         if not _write_cache(paths[0], root, files) and len(paths) > 1:
             _write_cache(paths[1], root, files)
-    return ProjectIndex(entry[2] for entry in files.values())
+    entries = list(files.values())
+    return ProjectIndex((entry[2] for entry in entries), {entry[3]: entry[2] for entry in entries})
 
 
 _indexes: dict = {}

@@ -56,7 +56,7 @@ class _Copier:
         if cls is None or not isinstance(cls, type) or not issubclass(cls, nodes.CSTNode):
             return None
         new = cls()
-        for field in cls.__slots__:
+        for field in cls._fields:
             setattr(new, field, self.value(node, field))
         where = self.ranges.get(node)
         if where is not None:

@@ -30,6 +30,7 @@ class CSTNode:
 
     __slots__ = ("lineno", "col_offset", "end_lineno", "end_col_offset")
     _children: tuple = ()
+    _fields: tuple = ()  # the fields a copy sets (newsyntax.py)
 
     def __init_subclass__(cls, **kwargs):
         """Each class gets a constructor taking its fields in order (all optional) and,
@@ -38,6 +39,8 @@ class CSTNode:
         fields = cls.__dict__.get("__slots__", ())
         if "_children" not in cls.__dict__:
             cls._children = tuple(fields)
+        if "_fields" not in cls.__dict__:
+            cls._fields = tuple(fields)
         if fields:
             arguments = ", ".join(f"{field}=None" for field in fields)
             body = "".join(f"\n    self.{field} = {field}" for field in fields)
@@ -228,8 +231,43 @@ class ExceptStarHandler(CSTNode):
 
 
 class FunctionDef(BaseStatement):
-    __slots__ = ("name", "params", "body", "decorators", "returns", "asynchronous")
+    """A def. Its body is converted on first use: the walk leaves alone the bodies
+    no rule can find anything in (analysis/quiet.py), and those are never built.
+    `declarations()` gives what a first pass over the module reads of the body
+    without converting the rest of it."""
+
+    __slots__ = ("name", "params", "_body", "decorators", "returns", "asynchronous", "_source")
     _children = ("name", "params", "body", "decorators", "returns")
+    _fields = ("name", "params", "body", "decorators", "returns", "asynchronous")
+
+    @property
+    def body(self):
+        body = self._body
+        if body is None and self._source is not None:
+            converter, node = self._source
+            body = self._body = converter.suite(node.body)
+        return body
+
+    @body.setter
+    def body(self, value):
+        self._body = value
+
+    @property
+    def ast_node(self):
+        """The `ast` def this was converted from (None for a tree built another way)."""
+        return self._source[1] if self._source is not None else None
+
+    def declarations(self):
+        """The imports, defs and classes of the body (not those inside nested defs and
+        classes), in the order a walk through its blocks meets them: a compound
+        statement's body, else, finally, then its handlers and cases. Only these are
+        converted; None once the whole body is (then read the body)."""
+        if self._body is not None or self._source is None:
+            return None
+        converter, node = self._source
+        found = []
+        converter.declarations(node.body, found)
+        return found
 
 
 class Decorator(CSTNode):
@@ -834,6 +872,7 @@ _COMPOUND = (
 )
 if hasattr(ast, "TryStar"):
     _COMPOUND += (ast.TryStar,)
+_DECLARING = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
 class _Converter:
@@ -843,6 +882,31 @@ class _Converter:
 
     def __init__(self, lines):
         self.lines = lines
+        # id(ast statement) -> its node, for the imports, defs and classes that
+        # `declarations` converted before the body holding them: the body reuses them.
+        self.converted = {}
+
+    def declarations(self, statements, found):
+        """Append to `found` the imports, defs and classes among `statements` and in
+        their compound statements' blocks (not inside defs and classes)."""
+        for stmt in statements:
+            kind = type(stmt)
+            if kind in _DECLARING:
+                node = self.converted.get(id(stmt))
+                if node is None:
+                    if kind is ast.Import or kind is ast.ImportFrom:
+                        node = self.small(stmt)
+                    else:
+                        node = self.compound(stmt)
+                    self.converted[id(stmt)] = node
+                found.append(node)
+            elif kind in _COMPOUND:
+                for name in ("body", "orelse", "finalbody"):
+                    self.declarations(getattr(stmt, name, None) or (), found)
+                for handler in getattr(stmt, "handlers", None) or ():
+                    self.declarations(handler.body, found)
+                for case in getattr(stmt, "cases", None) or ():
+                    self.declarations(case.body, found)
 
     # ------------------------------------------------------------ blocks
 
@@ -884,6 +948,10 @@ class _Converter:
     # ------------------------------------------------------------ statements
 
     def compound(self, node):
+        if self.converted:
+            found = self.converted.get(id(node))
+            if found is not None:
+                return found
         return getattr(self, "stmt_" + type(node).__name__)(node)
 
     def stmt_If(self, node):
@@ -994,10 +1062,11 @@ class _Converter:
             FunctionDef(
                 self._def_name(node),
                 self.parameters(node.args, node),
-                self.suite(node.body),
+                None,  # the body: converted when first read
                 self.decorators(node.decorator_list),
                 returns,
                 asynchronous,
+                (self, node),
             ),
             node,
         )
@@ -1094,6 +1163,8 @@ class _Converter:
                 column = name.end_col_offset
                 names.append(_span(NameItem(name), name))
             new = (Global if kind is ast.Global else Nonlocal)(names)
+        elif (kind is ast.Import or kind is ast.ImportFrom) and id(node) in self.converted:
+            return self.converted[id(node)]
         elif kind is ast.Import:
             new = Import([self.alias(alias) for alias in node.names])
         elif kind is ast.ImportFrom:

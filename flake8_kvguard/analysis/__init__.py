@@ -21,6 +21,7 @@ The package is split along its seams:
 | `view`       | the `RuleView`: what a rule may use                           |
 | `walk`       | the walk over a module that drives all of the above           |
 | `paths`      | a path-sensitive walk over one function (KVG104, any flow)    |
+| `quiet`      | the function bodies the walk can leave alone (never converted) |
 
 Rules see only the `RuleView` (rules/contract.py says what it holds).
 """

@@ -16,13 +16,16 @@ class ModuleNames:
     """Imports, module-level defs and classes, and the return annotations of this file's
     functions."""
 
-    __slots__ = ("imports", "shadowed", "local_returns", "local_tensor_params")
+    __slots__ = ("imports", "shadowed", "local_returns", "local_tensor_params", "bound")
 
     def __init__(self):
         self.imports = {}  # local name -> dotted name it stands for
         self.shadowed = set()  # module-level defs and classes: not the builtins
         self.local_returns = {}  # function name -> Val of its return annotation
         self.local_tensor_params = set()  # free-like defs whose ids are annotated tensors
+        # (local name, dotted name) for every name any import in the file binds, even
+        # where a later import rebinds it: it only grows (analysis/quiet.py reads it).
+        self.bound = set()
 
     def record_import(self, node):
         if type(node) is nodes.Import:
@@ -32,9 +35,11 @@ class ModuleNames:
                     continue
                 if alias.asname is not None and type(alias.asname.name) is nodes.Name:
                     self.imports[alias.asname.name.value] = full
+                    self.bound.add((alias.asname.name.value, full))
                 else:
                     first = full.split(".")[0]
                     self.imports[first] = first
+                    self.bound.add((first, first))
         else:
             if node.relative or node.module is None:
                 module = None
@@ -50,6 +55,7 @@ class ModuleNames:
                 if alias.asname is not None and type(alias.asname.name) is nodes.Name:
                     local = alias.asname.name.value
                 self.imports[local] = f"{module}.{name}" if module else f".{name}"
+                self.bound.add((local, self.imports[local]))
 
     def canonical(self, dotted):
         """`torch.cat` for `th.cat` after `import torch as th`, and so on."""

@@ -13,6 +13,7 @@ from .. import nodes
 
 from ..cstutil import children, positional_args, walk_all
 from ..values import NOTHING, SEQUENCE, TENSOR, TENSORS, UNKNOWN, Val, elements
+from . import quiet
 from .events import Events
 from .inference import Inference
 from .names import ModuleNames
@@ -49,7 +50,7 @@ class Analysis:
     a `RuleView`; `report(code, node, message, fix=None, related=None)` receives
     the findings."""
 
-    def __init__(self, module, config, index, hooks, report):
+    def __init__(self, module, config, index, hooks, report, skip_quiet=False):
         self.module = module
         self.config = config
         self.hooks = hooks
@@ -58,6 +59,11 @@ class Analysis:
         self.view = RuleView(inference, self.names, report, module)
         self.events = Events(hooks, self.view, inference, self.names, config, index)
         self.infer = inference.infer
+        # `skip_quiet`: leave alone the function bodies quiet.py shows cannot matter
+        # (only for the hooks it was reasoned for).
+        self.quiet = None
+        if skip_quiet and quiet.covers(hooks):
+            self.quiet = quiet.QuietBodies(module, config, self.names, index)
 
     def run(self):
         for stmt in self.module.body:
@@ -78,6 +84,8 @@ class Analysis:
                 for small in stmt.body:
                     if type(small) in (nodes.Import, nodes.ImportFrom):
                         self.names.record_import(small)
+            elif kind is nodes.Import or kind is nodes.ImportFrom:  # from declarations()
+                self.names.record_import(stmt)
             elif kind is nodes.FunctionDef:
                 name = stmt.name.value
                 if stmt.returns is not None:
@@ -91,7 +99,11 @@ class Analysis:
                 if param is not None and param.annotation is not None:
                     if self.inference.annotation_val(param.annotation.annotation).kind == TENSOR:
                         self.names.local_tensor_params.add(name)
-                self._prepass(block_body(stmt.body), in_class=False)
+                # Without converting a body nothing else reads (nodes.FunctionDef).
+                declarations = stmt.declarations()
+                if declarations is None:
+                    declarations = block_body(stmt.body)
+                self._prepass(declarations, in_class=False)
             elif kind is nodes.ClassDef:
                 self._prepass(block_body(stmt.body), in_class=True)
             else:
@@ -266,15 +278,18 @@ class Analysis:
         )
         if in_class and node.name.value in self.config.free_names and self.hooks.free_method:
             self.events.free_method(node, scope.class_info, in_class)
-        # An import inside a function names things for that function only.
-        names = self.names
-        module_imports = names.imports
-        names.imports = dict(module_imports)
-        try:
-            self.exec_block(block_body(node.body), inner)
-            self.events.function_end(inner)
-        finally:
-            names.imports = module_imports
+        if self.quiet is None or not self.quiet.skips(
+            node, env, scope.class_info if in_class else None, self_name
+        ):
+            # An import inside a function names things for that function only.
+            names = self.names
+            module_imports = names.imports
+            names.imports = dict(module_imports)
+            try:
+                self.exec_block(block_body(node.body), inner)
+                self.events.function_end(inner)
+            finally:
+                names.imports = module_imports
         if not in_class:
             scope.bind(node.name.value, NOTHING)
 

@@ -194,6 +194,11 @@ def test_a_condition_over_it_releases_every_level_while_it_waits(lock_type):
     assert seen == ["other"] and not lock._is_owned()
     with pytest.raises(RuntimeError):
         lock._release_save()
+    for bad in ("x", (1,), (1, 2, 3), ("a", "b")):
+        with pytest.raises(TypeError):
+            lock._acquire_restore(bad)
+        assert not lock._is_owned(), "a rejected restore takes nothing"
+        assert in_thread(lambda: (lock.acquire(False), lock.release())[0]) is True
 
 
 @pytest.mark.skipif(not hasattr(signal, "setitimer") or sys.platform == "win32",

@@ -40,10 +40,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-# One OpenBLAS thread: numpy's BLAS threads spin after each call, and on a small machine
-# they take the CPU the timed thread (or the other process of a shared machine) would have.
-# None of the allocators here does linear algebra. Set before numpy loads, which reads it then.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads: see bench_guard.py
 
 import numpy as np  # noqa: E402
 
@@ -184,7 +181,8 @@ def variants_of(make, spec, pure=False, prefix="") -> dict:
 def row(label, make, spec, driver, ops, rounds, target=None, pure=False, timings=None) -> dict:
     """Print one allocator's ratios; returns the added microseconds per operation by variant.
     ``pure``: each guarded variant also on the Python wrappers, alternated in the same rounds,
-    its ratio printed beside. ``timings``: the fastest times, measured already (``twins``)."""
+    its ratio printed beside. ``timings``: the fastest times by variant, measured already (the
+    np.int64 pool and its twin are measured together)."""
     med = timings or compare(variants_of(make, spec, pure), driver, ops, rounds)
     raw = med["raw"]
     print(f"{label}: raw {raw / len(ops) * 1e6:.2f} us/op ({len(ops)} ops)")

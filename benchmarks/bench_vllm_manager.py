@@ -43,13 +43,9 @@ import typing
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-# One OpenBLAS thread: numpy's BLAS threads (numpy comes with torch and the engines' code) spin
-# after each call and take CPU from the timed thread on a small or shared machine; nothing
-# timed here does linear algebra. Set before numpy loads, which reads it then.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import kvguard  # noqa: E402
-from bench_guard import wrappers  # noqa: E402
+from bench_guard import wrappers  # noqa: E402  (one OpenBLAS thread from here: see there)
 from kvguard.guard import shadowing  # noqa: E402
 from kvguard.staging import StagingConfig  # noqa: E402
 

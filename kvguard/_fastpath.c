@@ -616,7 +616,7 @@ static void
 slot_learn(SlotCache *sc, PyTypeObject *tp, PyObject *name)
 {
     Py_ssize_t offset = -1;
-    PyObject *d;
+    PyObject *d, *old;
     if (tp->tp_getattro == PyObject_GenericGetAttr && PyUnicode_CheckExact(name)) {
         d = _PyType_Lookup(tp, name);  /* borrowed; gives the type a version tag if it can */
         if (d != NULL && Py_IS_TYPE(d, &PyMemberDescr_Type) &&
@@ -629,9 +629,11 @@ slot_learn(SlotCache *sc, PyTypeObject *tp, PyObject *name)
     }
     if (tp->tp_version_tag == 0 || !PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG))
         return;  /* no tag to tell a change by: nothing cached */
-    Py_XSETREF(sc->type, Py_NewRef((PyObject *)tp));
+    old = sc->type;
+    sc->type = Py_NewRef((PyObject *)tp);
     sc->tag = tp->tp_version_tag;
     sc->offset = offset;
+    Py_XDECREF(old);  /* last: freeing the old type may run code; the cache is whole by now */
 }
 
 /* ``getattr(obj, name)``, from the slot when ``sc`` knows where it is. */
@@ -1254,7 +1256,7 @@ static int
 numpy_kind(Wrapper *w, PyObject *value)
 {
     PyTypeObject *tp = Py_TYPE(value);
-    PyObject *kind;
+    PyObject *kind, *old_type, *old_tolist;
     long k;
     if ((PyObject *)tp == w->np_type)
         return w->np_kind;
@@ -1266,8 +1268,10 @@ numpy_kind(Wrapper *w, PyObject *value)
         PyErr_Clear();
     if (k != K_ARRAY && k != K_SCALAR)
         return K_OTHER;
-    Py_XSETREF(w->np_type, Py_NewRef((PyObject *)tp));
-    Py_CLEAR(w->np_tolist);
+    old_type = w->np_type;
+    old_tolist = w->np_tolist;
+    w->np_type = Py_NewRef((PyObject *)tp);
+    w->np_tolist = NULL;
     w->np_kind = (int)k;
     if (k == K_ARRAY && !(tp->tp_flags & Py_TPFLAGS_HEAPTYPE) &&
         tp->tp_getattro == PyObject_GenericGetAttr && tp->tp_dictoffset == 0) {
@@ -1278,6 +1282,8 @@ numpy_kind(Wrapper *w, PyObject *value)
             Py_XDECREF(d);
         PyErr_Clear();
     }
+    Py_XDECREF(old_type);  /* last: the cache is whole before anything can run */
+    Py_XDECREF(old_tolist);
     return (int)k;
 }
 

@@ -22,6 +22,11 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef MS_WINDOWS
+#include <windows.h>
+#else
+#include <time.h>
+#endif
 
 /* --- array.array layout (Modules/arraymodule.c, unchanged 3.10-3.13; checked at import) --- */
 
@@ -254,33 +259,30 @@ typedef struct {
     unsigned long count;     /* re-entry depth; 0: free */
     Py_ssize_t waiters;      /* threads in glock_wait (blocked on the gate, or about to be) */
     int posted;              /* the gate was released for waiters and no waiter took it yet */
+    int reserved;            /* freed with waiters: handed to the waiter that takes the post */
     PyObject *weakreflist;
 } GuardLock;
 
 static PyTypeObject GuardLock_Type;
 
-static PyObject *monotonic = NULL;  /* time.monotonic, fetched on the first timed wait */
-
-/* The monotonic clock in microseconds; -1 with an error set. Only timed waits read it. */
+/* The monotonic clock in microseconds, read in C as CPython's own lock waits read it (never
+   time.monotonic, which a test may have patched or frozen); -1 with an error set. Only timed
+   waits read it. */
 static int
 now_us(double *out)
 {
-    PyObject *r;
-    if (monotonic == NULL) {
-        PyObject *time_mod = PyImport_ImportModule("time");
-        if (time_mod == NULL)
-            return -1;
-        monotonic = PyObject_GetAttrString(time_mod, "monotonic");
-        Py_DECREF(time_mod);
-        if (monotonic == NULL)
-            return -1;
-    }
-    r = PyObject_CallNoArgs(monotonic);
-    if (r == NULL)
+#ifdef MS_WINDOWS
+    *out = (double)GetTickCount64() * 1e3;
+    return 0;
+#else
+    struct timespec ts;
+    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
         return -1;
-    *out = PyFloat_AsDouble(r) * 1e6;
-    Py_DECREF(r);
-    return (*out == -1e6 && PyErr_Occurred()) ? -1 : 0;
+    }
+    *out = (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+    return 0;
+#endif
 }
 
 /* Wait for the lock held by another thread, then take it for ``me``, as CPython's
@@ -292,6 +294,7 @@ glock_wait(GuardLock *L, unsigned long me, long long us, int intr)
 {
     double deadline = 0.0;
     PyLockStatus r;
+    int rc;
     if (us > 0) {
         if (now_us(&deadline) < 0)
             return -1;
@@ -302,32 +305,47 @@ glock_wait(GuardLock *L, unsigned long me, long long us, int intr)
         Py_BEGIN_ALLOW_THREADS
         r = PyThread_acquire_lock_timed(L->gate, (PY_TIMEOUT_T)us, intr);
         Py_END_ALLOW_THREADS
-        if (r == PY_LOCK_ACQUIRED)
+        if (r == PY_LOCK_ACQUIRED) {
             L->posted = 0;  /* the post was for us: the gate is acquired again */
-        if (L->count == 0) {
-            L->waiters--;
-            L->owner = me;
-            L->count = 1;
-            return 1;
+            if (L->reserved) {  /* handed to us by the release */
+                L->reserved = 0;
+                goto take;
+            }
         }
+        if (L->count == 0 && !L->reserved)
+            goto take;
         /* still held (taken by another thread before we had the GIL back): wait again */
         if (r == PY_LOCK_INTR && Py_MakePendingCalls() < 0) {
-            L->waiters--;
-            return -1;
+            rc = -1;
+            goto leave;
         }
         if (us > 0) {
             double t;
             if (now_us(&t) < 0) {
-                L->waiters--;
-                return -1;
+                rc = -1;
+                goto leave;
             }
             if (t >= deadline) {
-                L->waiters--;
-                return 0;
+                rc = 0;
+                goto leave;
             }
             us = (long long)(deadline - t) + 1;
         }
     }
+take:
+    L->waiters--;
+    L->owner = me;
+    L->count = 1;
+    return 1;
+leave:
+    L->waiters--;
+    if (L->waiters == 0 && L->reserved) {
+        /* handed to waiters that all left: take the post back, the lock is free */
+        if (L->posted && PyThread_acquire_lock(L->gate, NOWAIT_LOCK))
+            L->posted = 0;
+        L->reserved = 0;
+    }
+    return rc;
 }
 
 /* acquire() for thread ``me``: 1 taken (or re-entered), 0 not (us == 0, or timed out), -1
@@ -335,7 +353,7 @@ glock_wait(GuardLock *L, unsigned long me, long long us, int intr)
 static int
 glock_acquire(GuardLock *L, unsigned long me, long long us)
 {
-    if (L->count == 0) {
+    if (L->count == 0 && !L->reserved) {
         L->owner = me;
         L->count = 1;
         return 1;
@@ -358,9 +376,12 @@ static void
 glock_freed(GuardLock *L)
 {
     L->owner = 0;
-    if (L->waiters > 0 && !L->posted) {
-        L->posted = 1;
-        PyThread_release_lock(L->gate);
+    if (L->waiters > 0) {
+        L->reserved = 1;  /* handed off: a barging acquire must not take it first */
+        if (!L->posted) {
+            L->posted = 1;
+            PyThread_release_lock(L->gate);
+        }
     }
 }
 
@@ -533,7 +554,7 @@ glock_acquire_restore(GuardLock *L, PyObject *args)
     unsigned long me = PyThread_get_thread_ident();
     if (!PyArg_ParseTuple(args, "(kk):_acquire_restore", &count, &owner))
         return NULL;
-    if (L->count > 0 && glock_wait(L, me, -1, 0) < 0)  /* not interruptible: 1 or -1 */
+    if ((L->count > 0 || L->reserved) && glock_wait(L, me, -1, 0) < 0)  /* not interruptible: 1 or -1 */
         return NULL;
     L->owner = owner;
     L->count = count;
@@ -556,6 +577,7 @@ glock_at_fork_reinit(GuardLock *L, PyObject *Py_UNUSED(arg))
     L->count = 0;
     L->waiters = 0;
     L->posted = 0;
+    L->reserved = 0;
     Py_RETURN_NONE;
 }
 
@@ -1925,7 +1947,7 @@ wrapper_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObjec
         /* ``if owned(): pass through`` and ``acquire()``, inline */
         GuardLock *L = w->glock;
         me = PyThread_get_thread_ident();
-        if (L->count == 0) {  /* free: taken (the GIL makes this atomic) */
+        if (L->count == 0 && !L->reserved) {  /* free: taken (the GIL makes this atomic) */
             L->owner = me;
             L->count = 1;
         }

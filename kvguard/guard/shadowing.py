@@ -58,9 +58,22 @@ def new_lock():
     with ``threading.RLock``'s interface that the wrappers take and drop inline in C (an RLock
     costs them three Python-level calls per guarded call, each parsing its arguments and
     reading the clock); everything else (hooks, the closures of ``roles``, ``with
-    guard.lock``) uses it as an RLock. Without them, ``threading.RLock``."""
+    guard.lock``) uses it as an RLock. Without them, or when ``threading`` is not CPython's
+    own (``GuardLock`` knows OS threads only), ``threading.RLock``."""
     lock_type = getattr(ACCEL, "GuardLock", None)
-    return lock_type() if lock_type is not None else threading.RLock()
+    return lock_type() if lock_type is not None and os_threads() else threading.RLock()
+
+
+def os_threads() -> bool:
+    """Whether ``threading`` runs on CPython's OS threads. gevent and eventlet patch it (and
+    ``_thread``) so that each greenlet is a thread of its own: there, a lock owned per OS
+    thread would take another greenlet's call, made while the first is switched out inside a
+    guarded call, for the allocator calling itself, and pass it through unchecked. Asked at
+    every guard's creation, since the patching may come after kvguard's import."""
+    import _thread
+    return (type(threading.RLock()) is _thread.RLock
+            and threading.get_ident is _thread.get_ident
+            and type(_thread.get_ident) is type(len))
 
 
 def reduce_hook(guard):

@@ -393,3 +393,91 @@ def test_threads_allocating_and_freeing_through_the_wrappers_under_either_lock(
     assert not any(t.is_alive() for t in threads)
     assert (g.stats.alloc_calls, g.stats.free_calls) == (1200, 1200)
     assert not g.violations and not g.live and len(pool.free_ids) == 8
+
+
+@pytest.mark.parametrize("patched", ["RLock", "get_ident", "_thread.get_ident"])
+def test_green_threads_get_the_rlock_they_patched_in(monkeypatch, patched):
+    """gevent and eventlet make ``threading`` (and ``_thread``) per greenlet: a lock owned per
+    OS thread would pass a second greenlet's call, made while the first is switched out inside
+    the guarded call, through unchecked as the allocator calling itself. So where ``threading``
+    is not CPython's own, a new guard's lock is the ``threading.RLock`` of the day, and the
+    compiled wrappers take it through its methods. Modelled here by patching in pure-Python
+    twins of what those libraries patch (neither is installed here)."""
+    import _thread
+
+    from kvguard.guard import shadowing
+    if FASTPATH is None:
+        pytest.skip("kvguard._fastpath is not built (no C compiler at install)")
+    monkeypatch.setattr(shadowing, "ACCEL", FASTPATH)
+    assert type(guarded_pool_lock()) is FASTPATH.GuardLock
+    ident = _thread.get_ident
+    if patched == "RLock":
+        monkeypatch.setattr(threading, "RLock", threading._PyRLock)
+    elif patched == "get_ident":
+        monkeypatch.setattr(threading, "get_ident", lambda: ident())
+    else:
+        green = (lambda: ident())
+        monkeypatch.setattr(_thread, "get_ident", green)
+        monkeypatch.setattr(threading, "get_ident", green)
+    lock = guarded_pool_lock()
+    assert type(lock) is not FASTPATH.GuardLock
+    pool = guarded_pool()
+    guard = kvguard.guard_of(pool)
+    assert type(guard.lock) is type(lock) and type(vars(pool)["free"]).__name__ == "Wrapper"
+    block = pool.allocate()
+    pool.free(block)
+    pool.free(block)
+    assert [v.kind for v in guard.violations] == ["double-free"]
+
+
+def guarded_pool_lock():
+    return kvguard.guard_of(guarded_pool()).lock
+
+
+def test_a_timed_acquire_reads_the_os_clock_not_time_monotonic(lock_type, monkeypatch):
+    """A test suite that freezes ``time.monotonic`` (freezegun does) must not turn a timed
+    acquire into an endless one: the timeout is measured on the clock CPython's locks read."""
+    lock = lock_type()
+    holder = Holder(lock)
+    releaser = threading.Timer(5, holder.go.set)  # without the fix: taken after 5 s, not timed out
+    releaser.start()
+    try:
+        frozen = time.monotonic()
+        monkeypatch.setattr(time, "monotonic", lambda: frozen)
+        assert lock.acquire(timeout=0.2) is False
+    finally:
+        monkeypatch.undo()
+        releaser.cancel()
+        holder.done()
+
+
+def test_a_lock_freed_while_a_thread_waits_is_not_taken_back_without_waiting():
+    """The releasing thread must not take the lock straight back from a thread waiting for it
+    (as a guarded allocator called in a loop would, over and over): the waiter would wait
+    through GIL switch intervals, milliseconds each, for every call it makes. CPython's RLock
+    gets this from its OS lock, which the woken waiter holds at once; the GuardLock, which
+    takes the OS lock only to wait, reserves itself for the waiters on release, so the
+    releasing thread has to wait beside them (who of them gets it is the OS's choice)."""
+    if FASTPATH is None:
+        pytest.skip("kvguard._fastpath is not built (no C compiler at install)")
+    lock = FASTPATH.GuardLock()
+    lock.acquire()
+    order = []
+    waiting = threading.Event()
+
+    def waiter():
+        waiting.set()
+        with lock:
+            order.append("waiter")
+    t = threading.Thread(target=waiter)
+    t.start()
+    assert waiting.wait(10)
+    time.sleep(0.2)  # the waiter is now blocked in acquire(), the GIL released
+    lock.release()
+    assert lock.acquire(blocking=False) is False  # reserved for the waiter
+    assert not lock._is_owned()
+    assert lock.acquire(timeout=10) is True
+    order.append("releaser")
+    lock.release()
+    t.join(10)
+    assert sorted(order) == ["releaser", "waiter"] and not lock._is_owned()

@@ -179,57 +179,114 @@ stats_add(PyObject *stats, PyObject *name, Py_ssize_t n)
     return rc;
 }
 
-/* ``stats.<name> += n``: straight into the __slots__ member when construction found one
-   (offset >= 0), else through getattr/setattr as Python does. */
+/* Where a Stats counter lives: ``offset`` into the stats object of one of Counters' C long
+   longs (see below), or -1: go through getattr/setattr as Python does. Construction asks once
+   (counter_place). */
+typedef struct {
+    Py_ssize_t offset;
+} CounterPlace;
+
+/* ``stats.<name> += n``: in place where construction found a Counters counter, else through
+   getattr/setattr. A counter that would overflow goes through setattr too, which raises the
+   OverflowError that ``stats.<name> += n`` raises in Python (and leaves it as it was). */
 static int
-stats_bump(PyObject *stats, Py_ssize_t offset, PyObject *name, Py_ssize_t n)
+stats_bump(PyObject *stats, CounterPlace place, PyObject *name, Py_ssize_t n)
 {
-    PyObject **slot, *old, *new_;
-    if (offset < 0)
-        return stats_add(stats, name, n);
-    slot = (PyObject **)((char *)stats + offset);
-    old = *slot;
-    if (old == NULL || !PyLong_CheckExact(old))
-        return stats_add(stats, name, n);  /* unset (AttributeError) or not an int */
-    {
-        int overflow = 0;
-        long long v = PyLong_AsLongLongAndOverflow(old, &overflow);
-        if (overflow || v > LLONG_MAX / 2 || (v == -1 && PyErr_Occurred())) {
-            PyErr_Clear();
-            return stats_add(stats, name, n);
+    if (place.offset >= 0) {
+        long long *c = (long long *)((char *)stats + place.offset);
+        if ((n >= 0 && *c <= LLONG_MAX - n) || (n < 0 && *c >= LLONG_MIN - n)) {
+            *c += n;
+            return 0;
         }
-        new_ = PyLong_FromLongLong(v + (long long)n);
     }
-    if (new_ == NULL)
+    return stats_add(stats, name, n);
+}
+
+/* Counters: the base of kvguard.guard.telemetry.Stats while this module is in use. Its eight
+   counters are C long longs, so a wrapper's ``stats.<name> += n`` is one addition in place
+   where a Python int counter costs a new int per bump (and freeing the old one). Python reads
+   each as an int and sets it from any integer (``__index__``) through a getset of its own:
+   a value outside a long long raises OverflowError and changes nothing (a T_LONGLONG member
+   would store -1 first), deleting one raises TypeError. No other state: Stats adds
+   ``violations``. */
+typedef struct {
+    PyObject_HEAD
+    long long alloc_calls, free_calls, share_calls, blocks_allocated, blocks_freed,
+        blocks_shared, learned, internal_errors;
+} Counters;
+
+static PyObject *
+counter_get(PyObject *self, void *offset)
+{
+    return PyLong_FromLongLong(*(long long *)((char *)self + (size_t)offset));
+}
+
+static int
+counter_set(PyObject *self, PyObject *value, void *offset)
+{
+    PyObject *i;
+    long long v;
+    if (value == NULL) {
+        PyErr_SetString(PyExc_TypeError, "a counter cannot be deleted");
         return -1;
-    *slot = new_;
-    Py_DECREF(old);
+    }
+    i = PyNumber_Index(value);
+    if (i == NULL)
+        return -1;
+    v = PyLong_AsLongLong(i);
+    Py_DECREF(i);
+    if (v == -1 && PyErr_Occurred())
+        return -1;  /* OverflowError: the counter keeps its value */
+    *(long long *)((char *)self + (size_t)offset) = v;
     return 0;
 }
 
-/* The offset of ``type(stats).<name>`` when it is a plain writable object slot of ``stats``
-   and attribute access is the generic one; -1 otherwise. */
-static Py_ssize_t
-slot_offset(PyObject *stats, PyObject *name)
+#define COUNTER(name) \
+    {#name, counter_get, counter_set, NULL, (void *)offsetof(Counters, name)}
+
+static PyGetSetDef counters_getset[] = {
+    COUNTER(alloc_calls), COUNTER(free_calls), COUNTER(share_calls), COUNTER(blocks_allocated),
+    COUNTER(blocks_freed), COUNTER(blocks_shared), COUNTER(learned), COUNTER(internal_errors),
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+#define N_COUNTERS ((Py_ssize_t)(sizeof(counters_getset) / sizeof(counters_getset[0])) - 1)
+
+static PyTypeObject Counters_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "kvguard._fastpath.Counters",
+    .tp_basicsize = sizeof(Counters),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "A guard's counters as C integers (the base of kvguard's Stats when compiled).",
+    .tp_getset = counters_getset,
+    .tp_new = PyType_GenericNew,
+};
+
+/* Where ``stats.<name>`` lives (see CounterPlace): one of Counters' own getsets, found as
+   the class's descriptor for the name, with the generic attribute access (an instance cannot
+   shadow a data descriptor then); anything else (a subclass's property, a plain object) is
+   read and written by name. */
+static CounterPlace
+counter_place(PyObject *stats, PyObject *name)
 {
     PyTypeObject *tp = Py_TYPE(stats);
     PyObject *descr;
-    PyMemberDef *m;
-    if (tp->tp_getattro != PyObject_GenericGetAttr || tp->tp_setattro != PyObject_GenericSetAttr)
-        return -1;
-    Py_ssize_t offset = -1;
-    descr = PyObject_GetAttr((PyObject *)tp, name);  /* the class's member descriptor */
+    CounterPlace place = {-1};
+    if (!PyObject_TypeCheck(stats, &Counters_Type) || tp->tp_getattro != PyObject_GenericGetAttr ||
+        tp->tp_setattro != PyObject_GenericSetAttr)
+        return place;
+    descr = PyObject_GetAttr((PyObject *)tp, name);  /* the class's descriptor */
     if (descr == NULL) {
         PyErr_Clear();
-        return -1;
+        return place;
     }
-    if (Py_IS_TYPE(descr, &PyMemberDescr_Type) && PyObject_TypeCheck(stats, PyDescr_TYPE(descr))) {
-        m = ((PyMemberDescrObject *)descr)->d_member;
-        if (m->type == T_OBJECT_EX && !(m->flags & READONLY))
-            offset = m->offset;
+    if (Py_IS_TYPE(descr, &PyGetSetDescr_Type)) {
+        PyGetSetDef *g = ((PyGetSetDescrObject *)descr)->d_getset;
+        if (g >= counters_getset && g < counters_getset + N_COUNTERS)
+            place.offset = (Py_ssize_t)(size_t)g->closure;
     }
     Py_DECREF(descr);
-    return offset;
+    return place;
 }
 
 /* --- the guard's lock ---------------------------------------------------------------------- */
@@ -728,8 +785,8 @@ typedef struct {
     PyObject *id_attr;       /* str, or None: the Python reader reads */
     PyObject *skip, *keeps_all, *allocator;
     SlotCache id_slot, count_slot, pair_slot[SLOT_PAIRS];  /* id_attr, refcount_attr, pairs */
-    /* Guard.stats counters as __slots__ members: their offsets (-1: go through getattr) */
-    Py_ssize_t off_calls, off_blocks;
+    /* where the call's two Guard.stats counters live (see counter_place) */
+    CounterPlace off_calls, off_blocks;
     PyObject *tick_iter;     /* tick's iterator when tick is exactly its __next__, else NULL */
     PyObject *draw, *chance; /* a sampled capture over SITES: its generator and chance; None */
 } Wrapper;
@@ -2138,8 +2195,8 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         PyObject *blocks = kind == KIND_FREE ? s_blocks_freed : kind == KIND_SHARE
                                                                     ? s_blocks_shared
                                                                     : s_blocks_allocated;
-        w->off_calls = slot_offset(stats, calls);
-        w->off_blocks = slot_offset(stats, blocks);
+        w->off_calls = counter_place(stats, calls);
+        w->off_blocks = counter_place(stats, blocks);
     }
     if (w->main != Py_None) {
         Hot h;
@@ -2400,7 +2457,8 @@ PyInit__fastpath(void)
         return NULL;
     }
     Py_DECREF(array_mod);
-    if (PyType_Ready(&Wrapper_Type) < 0 || PyType_Ready(&GuardLock_Type) < 0)
+    if (PyType_Ready(&Wrapper_Type) < 0 || PyType_Ready(&GuardLock_Type) < 0 ||
+        PyType_Ready(&Counters_Type) < 0)
         return NULL;
     m = PyModule_Create(&fastpath_module);
     if (m == NULL)
@@ -2414,6 +2472,12 @@ PyInit__fastpath(void)
     Py_INCREF(&GuardLock_Type);
     if (PyModule_AddObject(m, "GuardLock", (PyObject *)&GuardLock_Type) < 0) {
         Py_DECREF(&GuardLock_Type);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&Counters_Type);
+    if (PyModule_AddObject(m, "Counters", (PyObject *)&Counters_Type) < 0) {
+        Py_DECREF(&Counters_Type);
         Py_DECREF(m);
         return NULL;
     }

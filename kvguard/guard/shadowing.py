@@ -15,10 +15,8 @@ every fault; a differential test holds the two to the same verdicts.
 from __future__ import annotations
 
 import functools
-import importlib
 import itertools
 import operator
-import os
 import sys
 import threading
 
@@ -27,28 +25,13 @@ from ..ids import torch_tensor_type
 from ..marks import ATTR, THE_ALLOCATOR
 from ..owners import ACTIVE_OWNER
 from ..stacks import SITES, SiteTable
-from . import careful
+from . import careful, compiled
 from .arguments import MISSING, Param
 from .bookkeeping import commit_allocation
 from .decisions import contain, protect
 
 
-def _accelerator():
-    """``kvguard._fastpath`` (the same wrappers compiled: see ``accelerated``), or None when it
-    was not built, does not load, or ``KVGUARD_PURE=1`` asks for the closures. A free-threaded
-    interpreter running without the GIL gets the closures too: the C wrappers rely on the GIL
-    (importing them there would turn it back on for the whole process)."""
-    if os.environ.get("KVGUARD_PURE", "") not in ("", "0"):
-        return None
-    if not getattr(sys, "_is_gil_enabled", lambda: True)():
-        return None
-    try:
-        return importlib.import_module("kvguard._fastpath")
-    except ImportError:  # not built (no compiler at install), or another interpreter's build
-        return None
-
-
-ACCEL = _accelerator()
+ACCEL = compiled.FASTPATH
 """The compiled wrappers in use, or None for the closures below (the reference). Tests switch
 it to run the guard both ways."""
 

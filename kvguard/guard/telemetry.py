@@ -11,27 +11,45 @@ import logging
 from collections import Counter, deque
 
 from ..logger import emit
+from .compiled import FASTPATH
 
 _subscribers: list = []
 _attach_listeners: list = []
 
 
-class Stats:
+COUNTERS = ("alloc_calls", "free_calls", "share_calls", "blocks_allocated", "blocks_freed",
+            "blocks_shared", "learned", "internal_errors")
+"""The counters of ``Stats``, in ``to_dict()`` order; each an int, starting at 0."""
+
+_COUNTERS_BASE = getattr(FASTPATH, "Counters", object)
+"""With the compiled parts, their ``Counters``: the counters as C integers under the same names
+(a compiled wrapper adds to one in place; a Python int counter costs a new int per bump), read
+and written from Python as ints. Without them, plain ``__slots__``."""
+
+
+class Stats(_COUNTERS_BASE):
     """Counters a guard keeps; ``to_dict()`` is what summaries and JSON reports show."""
 
-    __slots__ = ("alloc_calls", "free_calls", "share_calls", "blocks_allocated", "blocks_freed",
-                 "blocks_shared", "learned", "internal_errors", "violations")
+    __slots__ = ("violations",) if _COUNTERS_BASE is not object else COUNTERS + ("violations",)
 
     def __init__(self) -> None:
-        self.alloc_calls = self.free_calls = self.share_calls = 0
-        self.blocks_allocated = self.blocks_freed = self.blocks_shared = 0
-        self.learned = self.internal_errors = 0
+        for name in COUNTERS:
+            setattr(self, name, 0)
         self.violations: Counter = Counter()
 
     def to_dict(self) -> dict:
-        d = {name: getattr(self, name) for name in self.__slots__ if name != "violations"}
+        d = {name: getattr(self, name) for name in COUNTERS}
         d["violations"] = dict(self.violations)
         return d
+
+    def __getstate__(self) -> dict:
+        # copy and pickle by name (the same state for both bases: a C base has no
+        # object-slot state for the default protocol to take)
+        return {**{name: getattr(self, name) for name in COUNTERS}, "violations": self.violations}
+
+    def __setstate__(self, state: dict) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
 
     def __repr__(self) -> str:
         return f"Stats({self.to_dict()})"

@@ -87,7 +87,7 @@ FALLBACK_SCRIPT = """
         caught = exc.kind
     print(shadowing.ACCEL is not None, type(vars(a)["free"]).__name__, caught, g.stats.free_calls,
           g.live == {{}}, "kvguard._fastpath" in sys.modules and
-          sys.modules["kvguard._fastpath"] is not None)
+          sys.modules["kvguard._fastpath"] is not None, kvguard.Stats.__mro__[1].__name__)
 """
 
 
@@ -98,13 +98,13 @@ def test_without_the_extension_everything_works_on_the_closures():
     done = _run_python(FALLBACK_SCRIPT.format(hide=hide))
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
-    assert done.stdout.split() == ["False", "function", "double-free", "1", "True", "False"]
+    assert done.stdout.split() == ["False", "function", "double-free", "1", "True", "False", "object"]
 
 
 def test_kvguard_pure_picks_the_closures():
     done = _run_python(FALLBACK_SCRIPT.format(hide="pass"), KVGUARD_PURE="1")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["False", "function", "double-free", "1", "True", "False"]
+    assert done.stdout.split() == ["False", "function", "double-free", "1", "True", "False", "object"]
 
 
 def test_kvguard_pure_0_keeps_the_compiled_wrappers():
@@ -112,7 +112,92 @@ def test_kvguard_pure_0_keeps_the_compiled_wrappers():
         pytest.skip("kvguard._fastpath is not built")
     done = _run_python(FALLBACK_SCRIPT.format(hide="pass"), KVGUARD_PURE="0")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["True", "Wrapper", "double-free", "1", "True", "True"]
+    assert done.stdout.split() == ["True", "Wrapper", "double-free", "1", "True", "True", "Counters"]
+
+
+STATS_SCRIPT = """
+import copy, pickle
+import kvguard
+
+s = kvguard.Stats()
+s.free_calls += 3
+s.blocks_freed = 1
+s.learned = 2 ** 63 - 1
+s.violations["double-free"] += 2
+twin, deep, back = copy.copy(s), copy.deepcopy(s), pickle.loads(pickle.dumps(s))
+s.alloc_calls += 1
+deep.violations["leak"] += 1
+print(repr(s))
+print(twin.to_dict(), deep.to_dict(), back.to_dict(), type(back.blocks_freed).__name__,
+      type(back) is kvguard.Stats, back.violations == s.violations)
+"""
+
+
+@pytest.mark.parametrize("pure", ["0", "1"])
+def test_stats_read_write_copy_and_pickle_the_same_with_c_counters_or_without(pure):
+    """With the extension, ``Stats``'s counters are C integers (``Counters``); without it,
+    plain ``__slots__``: every use kvguard and its users make of them reads the same."""
+    if pure == "0" and compiled_wrappers() is None:
+        pytest.skip("kvguard._fastpath is not built")
+    done = _run_python(STATS_SCRIPT, KVGUARD_PURE=pure)
+    assert done.returncode == 0, done.stderr
+    counts = ("'share_calls': 0, 'blocks_allocated': 0, 'blocks_freed': 1, 'blocks_shared': 0, "
+              "'learned': 9223372036854775807, 'internal_errors': 0")
+    assert done.stdout.splitlines() == [
+        f"Stats({{'alloc_calls': 1, 'free_calls': 3, {counts}, "
+        "'violations': {'double-free': 2}})",
+        f"{{'alloc_calls': 0, 'free_calls': 3, {counts}, 'violations': {{'double-free': 2}}}} "
+        f"{{'alloc_calls': 0, 'free_calls': 3, {counts}, "
+        "'violations': {'double-free': 2, 'leak': 1}} "
+        f"{{'alloc_calls': 0, 'free_calls': 3, {counts}, 'violations': {{'double-free': 2}}}} "
+        "int True True"]
+
+
+def test_a_c_counter_refuses_what_it_cannot_hold_and_keeps_its_value():
+    """A C counter holds what a long long holds (2**63 - 1 is centuries of calls): a bigger
+    value, a non-integer or a delete raises and leaves the counter as it was."""
+    built = compiled_wrappers()
+    if built is None:
+        pytest.skip("kvguard._fastpath is not built: Stats has plain int counters")
+    s = built.Counters()
+    s.learned = 7
+    for bad, error in [(2 ** 63, OverflowError), (-2 ** 63 - 1, OverflowError), ("1", TypeError),
+                       (1.0, TypeError), (None, TypeError)]:
+        with pytest.raises(error):
+            s.learned = bad
+        assert s.learned == 7
+    with pytest.raises(TypeError, match="cannot be deleted"):
+        del s.learned
+    assert s.learned == 7
+    s.learned = -2 ** 63
+    assert s.learned == -2 ** 63 and s.free_calls == 0
+
+
+@pytest.mark.parametrize("which", ["compiled", "pure"])
+def test_a_counter_at_its_limit_fails_the_call_the_same_way_on_both(which):
+    """A guarded call that would take a C counter past its limit raises OverflowError after
+    the allocator's call, as ``stats.free_calls += 1`` does in the closures, and the counter
+    keeps its value: the compiled wrapper's in-place add falls back to Python's setattr."""
+    built = compiled_wrappers()
+    if built is None or not isinstance(kvguard.Stats(), built.Counters):
+        pytest.skip("Stats has plain int counters here: they have no limit")
+    saved, shadowing.ACCEL = shadowing.ACCEL, built if which == "compiled" else None
+    try:
+        a = LinkedFreeList(4)
+        g = kvguard.guard(a, LINKED_FREE_LIST_SPEC, stacks="off")
+    finally:
+        shadowing.ACCEL = saved
+    assert type(vars(a)["free"]).__name__ == ("Wrapper" if which == "compiled" else "function")
+    ids = a.allocate(3)
+    g.stats.free_calls = 2 ** 63 - 1
+    with pytest.raises(OverflowError):
+        a.free(ids[:1])
+    assert g.stats.free_calls == 2 ** 63 - 1 and g.stats.blocks_freed == 0
+    g.stats.blocks_freed = 2 ** 63 - 2
+    g.stats.free_calls = 0
+    with pytest.raises(OverflowError):
+        a.free(ids[1:])  # two blocks: one more than the counter has room for
+    assert (g.stats.free_calls, g.stats.blocks_freed) == (1, 2 ** 63 - 2)
 
 
 # --- what a wrapper must get right beyond verdicts (both implementations) ------------------
@@ -469,7 +554,7 @@ def test_an_interpreter_running_without_the_gil_gets_the_closures():
     hide = "sys._is_gil_enabled = lambda: False  # as 3.13t without the GIL says"
     done = _run_python(FALLBACK_SCRIPT.format(hide=hide))
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["False", "function", "double-free", "1", "True", "False"]
+    assert done.stdout.split() == ["False", "function", "double-free", "1", "True", "False", "object"]
 
 
 def test_a_wrapper_names_the_module_its_closure_would(implementation):

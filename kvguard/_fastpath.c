@@ -289,6 +289,289 @@ counter_place(PyObject *stats, PyObject *name)
     return place;
 }
 
+/* --- the flight recorder ------------------------------------------------------------------- */
+
+/* FlightRecorder: a guard's ``history`` while this module is in use, in place of
+   ``collections.deque(maxlen=history)``. It keeps the last ``maxlen`` entries ``(call, ids,
+   site, pool, op)`` as five references per slot of a ring, so a wrapper records a call by
+   storing five pointers, where the deque costs a tuple per call, a call of its bound append,
+   and freeing the evicted tuple. Tuples are built only when the recorder is read: iteration
+   (oldest first, over a snapshot), ``len``, ``r[i]`` (negative too), ``reversed``, ``in``,
+   ``bool``; ``append`` takes a 5-tuple (what kvguard's Python side writes), ``clear()``,
+   ``maxlen``, copy and pickle. Slots are allocated as entries arrive (doubling up to maxlen),
+   so a huge ``history`` costs nothing until it fills. Every change leaves the ring whole
+   before it drops a reference: a dropped entry's field may run code (a finalizer) that reads
+   or appends to the recorder; readers re-read the ring after every allocation for the same
+   reason (an allocation may run the garbage collector). */
+#define FIELDS 5
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t maxlen;   /* >= 1 */
+    Py_ssize_t cap;      /* slots allocated: len <= cap <= maxlen */
+    Py_ssize_t start;    /* the oldest entry's slot (0 until the ring is full) */
+    Py_ssize_t len;
+    PyObject **items;    /* cap * FIELDS references (PyMem), NULL while cap is 0 */
+    PyObject *weakreflist;  /* weakly referenceable, as a deque */
+} Recorder;
+
+static PyTypeObject Recorder_Type;
+
+/* Record one entry (the five fields, borrowed): 0, or -1 with MemoryError and nothing
+   changed. */
+static int
+recorder_put(Recorder *r, PyObject *const *fields)
+{
+    PyObject *old[FIELDS], **slot;
+    int j;
+    if (r->len < r->maxlen) {
+        if (r->len == r->cap) {  /* not full yet: entries are at [0, len), start is 0 */
+            Py_ssize_t cap = r->cap ? r->cap * 2 : 8;
+            PyObject **items;
+            if (cap > r->maxlen)
+                cap = r->maxlen;
+            if ((size_t)cap > PY_SSIZE_T_MAX / (FIELDS * sizeof(PyObject *))) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            items = PyMem_Realloc(r->items, (size_t)cap * FIELDS * sizeof(PyObject *));
+            if (items == NULL) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            r->items = items;
+            r->cap = cap;
+        }
+        slot = r->items + r->len * FIELDS;
+        for (j = 0; j < FIELDS; j++)
+            slot[j] = Py_NewRef(fields[j]);
+        r->len++;
+        return 0;
+    }
+    slot = r->items + r->start * FIELDS;  /* full: the oldest entry's slot takes the new one */
+    for (j = 0; j < FIELDS; j++) {
+        old[j] = slot[j];
+        slot[j] = Py_NewRef(fields[j]);
+    }
+    r->start = r->start + 1 == r->maxlen ? 0 : r->start + 1;
+    for (j = 0; j < FIELDS; j++)  /* last: the ring is whole before anything can run */
+        Py_DECREF(old[j]);
+    return 0;
+}
+
+/* Entry i (0 = oldest, 0 <= i < len) as a new tuple, or NULL with an error. */
+static PyObject *
+recorder_entry(Recorder *r, Py_ssize_t i)
+{
+    PyObject *t = PyTuple_New(FIELDS), **slot;
+    int j;
+    if (t == NULL)
+        return NULL;
+    if (i >= r->len) {  /* the allocation ran code that cleared the recorder */
+        Py_DECREF(t);
+        PyErr_SetString(PyExc_IndexError, "flight recorder index out of range");
+        return NULL;
+    }
+    slot = r->items + ((r->start + i) % r->maxlen) * FIELDS;
+    for (j = 0; j < FIELDS; j++)
+        PyTuple_SET_ITEM(t, j, Py_NewRef(slot[j]));
+    return t;
+}
+
+static PyObject *
+recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"maxlen", NULL};
+    Py_ssize_t maxlen;
+    Recorder *r;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "n:FlightRecorder", kwlist, &maxlen))
+        return NULL;
+    if (maxlen < 1) {
+        PyErr_SetString(PyExc_ValueError, "maxlen must be at least 1");
+        return NULL;
+    }
+    r = (Recorder *)type->tp_alloc(type, 0);
+    if (r == NULL)
+        return NULL;
+    r->maxlen = maxlen;
+    return (PyObject *)r;
+}
+
+/* Drop every entry: the ring is emptied first, the references dropped after. */
+static void
+recorder_drop(Recorder *r)
+{
+    PyObject **items = r->items;
+    Py_ssize_t n = r->len, i;
+    r->items = NULL;
+    r->cap = r->len = r->start = 0;
+    for (i = 0; i < n * FIELDS; i++)
+        Py_DECREF(items[i]);
+    PyMem_Free(items);
+}
+
+static int
+recorder_traverse(Recorder *r, visitproc visit, void *arg)
+{
+    Py_ssize_t i;
+    for (i = 0; i < r->len * FIELDS; i++)
+        Py_VISIT(r->items[i]);
+    return 0;
+}
+
+static int
+recorder_clear(Recorder *r)
+{
+    recorder_drop(r);
+    return 0;
+}
+
+static void
+recorder_dealloc(Recorder *r)
+{
+    PyObject_GC_UnTrack(r);
+    Py_TRASHCAN_BEGIN(r, recorder_dealloc)
+    if (r->weakreflist != NULL)
+        PyObject_ClearWeakRefs((PyObject *)r);
+    recorder_drop(r);
+    Py_TYPE(r)->tp_free((PyObject *)r);
+    Py_TRASHCAN_END
+}
+
+static Py_ssize_t
+recorder_length(Recorder *r)
+{
+    return r->len;
+}
+
+static PyObject *
+recorder_item(Recorder *r, Py_ssize_t i)
+{
+    if (i < 0 || i >= r->len) {
+        PyErr_SetString(PyExc_IndexError, "flight recorder index out of range");
+        return NULL;
+    }
+    return recorder_entry(r, i);
+}
+
+/* The entries, oldest first, as a new list of tuples (a snapshot: a finalizer run by an
+   allocation may append meanwhile; the list ends where the recorder ends when it is read). */
+static PyObject *
+recorder_list(Recorder *r)
+{
+    PyObject *out = PyList_New(0);
+    Py_ssize_t i;
+    if (out == NULL)
+        return NULL;
+    for (i = 0; i < r->len; i++) {
+        PyObject *t = recorder_entry(r, i);
+        if (t == NULL || PyList_Append(out, t) < 0) {
+            Py_XDECREF(t);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(t);
+    }
+    return out;
+}
+
+static PyObject *
+recorder_iter(Recorder *r)
+{
+    PyObject *snapshot = recorder_list(r), *it;
+    if (snapshot == NULL)
+        return NULL;
+    it = PyObject_GetIter(snapshot);
+    Py_DECREF(snapshot);
+    return it;
+}
+
+static PyObject *
+recorder_append(Recorder *r, PyObject *entry)
+{
+    if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != FIELDS) {
+        PyErr_Format(PyExc_TypeError, "a flight-recorder entry is a (call, ids, site, pool, op) "
+                     "tuple, not %.100s", Py_TYPE(entry)->tp_name);
+        return NULL;
+    }
+    if (recorder_put(r, PySequence_Fast_ITEMS(entry)) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+recorder_clear_py(Recorder *r, PyObject *Py_UNUSED(arg))
+{
+    recorder_drop(r);
+    Py_RETURN_NONE;
+}
+
+/* copy, deepcopy and pickle: FlightRecorder(maxlen), then its entries appended in order */
+static PyObject *
+recorder_reduce(Recorder *r, PyObject *Py_UNUSED(arg))
+{
+    PyObject *entries = recorder_iter(r), *out;
+    if (entries == NULL)
+        return NULL;
+    out = Py_BuildValue("O(n)OO", (PyObject *)Py_TYPE(r), r->maxlen, Py_None, entries);
+    Py_DECREF(entries);
+    return out;
+}
+
+static PyObject *
+recorder_repr(Recorder *r)
+{
+    PyObject *entries, *out;
+    int rc = Py_ReprEnter((PyObject *)r);
+    if (rc != 0)
+        return rc > 0 ? PyUnicode_FromString("[...]") : NULL;
+    entries = recorder_list(r);
+    out = entries == NULL ? NULL
+                          : PyUnicode_FromFormat("%s(%R, maxlen=%zd)", _PyType_Name(Py_TYPE(r)),
+                                                 entries, r->maxlen);
+    Py_XDECREF(entries);
+    Py_ReprLeave((PyObject *)r);
+    return out;
+}
+
+static PyMethodDef recorder_methods[] = {
+    {"append", (PyCFunction)recorder_append, METH_O,
+     "Record one (call, ids, site, pool, op) entry; the oldest goes when full."},
+    {"clear", (PyCFunction)recorder_clear_py, METH_NOARGS, "Drop every entry."},
+    {"__reduce__", (PyCFunction)recorder_reduce, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef recorder_members[] = {
+    {"maxlen", T_PYSSIZET, offsetof(Recorder, maxlen), READONLY,
+     "How many entries it keeps."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PySequenceMethods recorder_as_sequence = {
+    .sq_length = (lenfunc)recorder_length,
+    .sq_item = (ssizeargfunc)recorder_item,
+};
+
+static PyTypeObject Recorder_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "kvguard._fastpath.FlightRecorder",
+    .tp_basicsize = sizeof(Recorder),
+    .tp_dealloc = (destructor)recorder_dealloc,
+    .tp_repr = (reprfunc)recorder_repr,
+    .tp_as_sequence = &recorder_as_sequence,
+    .tp_hash = PyObject_HashNotImplemented,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A guard's flight recorder: the last maxlen (call, ids, site, pool, op) entries.",
+    .tp_traverse = (traverseproc)recorder_traverse,
+    .tp_clear = (inquiry)recorder_clear,
+    .tp_iter = (getiterfunc)recorder_iter,
+    .tp_methods = recorder_methods,
+    .tp_members = recorder_members,
+    .tp_weaklistoffset = offsetof(Recorder, weakreflist),
+    .tp_new = recorder_new,
+};
+
 /* --- the guard's lock ---------------------------------------------------------------------- */
 
 /* GuardLock: a reentrant lock with threading.RLock's interface and behaviour (acquire(blocking,
@@ -762,7 +1045,8 @@ typedef struct {
     PyObject *put;           /* Param.put, or None */
     PyObject *iterators;     /* fastread.ITERATORS */
     PyObject *stats;
-    PyObject *history;       /* history.append, or None */
+    PyObject *history;       /* history.append, or None (a FlightRecorder: see recorder) */
+    Recorder *recorder;      /* the guard's history when it is a FlightRecorder, or NULL */
     int depth;
     PyObject *capture;       /* guard._capture */
     PyObject *sites_index;   /* SITES._index when capture is SITES.capture, else None */
@@ -1592,6 +1876,10 @@ record_call(Wrapper *w, PyObject *calls, PyObject *blocks, Py_ssize_t n, PyObjec
     if (stats_bump(w->stats, w->off_calls, calls, 1) < 0 ||
         stats_bump(w->stats, w->off_blocks, blocks, n) < 0)
         return -1;
+    if (w->recorder != NULL) {
+        PyObject *fields[FIELDS] = {clock, ids, site, pool, what};
+        return recorder_put(w->recorder, fields);
+    }
     if (w->history == Py_None)
         return 0;
     entry = PyTuple_Pack(5, clock, ids, site, pool, what);
@@ -2159,8 +2447,13 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     w->put = Py_NewRef(put);
     w->iterators = Py_NewRef(iterators);
     w->stats = Py_NewRef(stats);
-    w->history = history == Py_None ? Py_NewRef(Py_None) : PyObject_GetAttrString(history,
-                                                                                   "append");
+    if (Py_IS_TYPE(history, &Recorder_Type)) {  /* recorded into in place */
+        w->recorder = (Recorder *)Py_NewRef(history);
+        w->history = Py_NewRef(Py_None);
+    }
+    else
+        w->history = history == Py_None ? Py_NewRef(Py_None)
+                                        : PyObject_GetAttrString(history, "append");
     if (w->history == NULL) {  /* before anything else calls into Python */
         Py_DECREF(w);
         return NULL;
@@ -2233,6 +2526,7 @@ wrapper_traverse(Wrapper *w, visitproc visit, void *arg)
     Py_VISIT(w->iterators);
     Py_VISIT(w->stats);
     Py_VISIT(w->history);
+    Py_VISIT(w->recorder);
     Py_VISIT(w->capture);
     Py_VISIT(w->sites_index);
     Py_VISIT(w->sites);
@@ -2278,6 +2572,7 @@ wrapper_clear(Wrapper *w)
     Py_CLEAR(w->iterators);
     Py_CLEAR(w->stats);
     Py_CLEAR(w->history);
+    Py_CLEAR(w->recorder);
     Py_CLEAR(w->capture);
     Py_CLEAR(w->sites_index);
     Py_CLEAR(w->sites);
@@ -2458,7 +2753,7 @@ PyInit__fastpath(void)
     }
     Py_DECREF(array_mod);
     if (PyType_Ready(&Wrapper_Type) < 0 || PyType_Ready(&GuardLock_Type) < 0 ||
-        PyType_Ready(&Counters_Type) < 0)
+        PyType_Ready(&Counters_Type) < 0 || PyType_Ready(&Recorder_Type) < 0)
         return NULL;
     m = PyModule_Create(&fastpath_module);
     if (m == NULL)
@@ -2478,6 +2773,12 @@ PyInit__fastpath(void)
     Py_INCREF(&Counters_Type);
     if (PyModule_AddObject(m, "Counters", (PyObject *)&Counters_Type) < 0) {
         Py_DECREF(&Counters_Type);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&Recorder_Type);
+    if (PyModule_AddObject(m, "FlightRecorder", (PyObject *)&Recorder_Type) < 0) {
+        Py_DECREF(&Recorder_Type);
         Py_DECREF(m);
         return NULL;
     }

@@ -14,7 +14,7 @@ import itertools
 import random
 import types
 import weakref
-from collections import Counter, deque
+from collections import Counter
 
 from .. import kinds, registry
 from ..ledger import Ledger
@@ -83,8 +83,9 @@ class Guard:
         changed it. Call #1 stands for "before the guard attached"."""
         self.stats = Stats()
         self.journal = Journal(max_violations, log_every)
-        self.history: deque = deque(maxlen=history) if history else None
-        """The flight recorder (see ``kvguard.guard.evidence`` for its entries)."""
+        self.history = shadowing.new_history(history) if history else None
+        """The flight recorder (see ``kvguard.guard.evidence`` for its entries): a deque, or
+        with the compiled wrappers their ``FlightRecorder``, which reads the same."""
         self._watchers: list = []
         self._bound: dict = {}
         self._quarantine = Quarantine()

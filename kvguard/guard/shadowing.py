@@ -14,6 +14,7 @@ every fault; a differential test holds the two to the same verdicts.
 
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
 import operator
@@ -57,6 +58,16 @@ def os_threads() -> bool:
     return (type(threading.RLock()) is _thread.RLock
             and threading.get_ident is _thread.get_ident
             and type(_thread.get_ident) is type(len))
+
+
+def new_history(maxlen: int):
+    """A new guard's flight recorder (``maxlen`` >= 1 entries; see ``evidence``). With the
+    compiled wrappers, their ``FlightRecorder``: the entries' five fields stored in a ring, so a
+    wrapper records a call without making a tuple (tuples are made when it is read); it reads
+    like the deque: iteration oldest first, ``len``, indexing, ``append``, ``clear``, ``maxlen``.
+    Without them, ``collections.deque(maxlen=maxlen)``."""
+    recorder = getattr(ACCEL, "FlightRecorder", None)
+    return recorder(maxlen) if recorder is not None else collections.deque(maxlen=maxlen)
 
 
 def reduce_hook(guard):

@@ -91,6 +91,10 @@ FALLBACK_SCRIPT = """
 """
 
 
+PURE_RUN = ["False", "function", "double-free", "1", "True", "False", "object"]
+"""FALLBACK_SCRIPT's output on the closures: no extension loaded, plain int counters."""
+
+
 def test_without_the_extension_everything_works_on_the_closures():
     """An install without a compiler has no kvguard._fastpath: the import fails, silently, and
     the guard runs on the closures with the same verdicts."""
@@ -98,13 +102,13 @@ def test_without_the_extension_everything_works_on_the_closures():
     done = _run_python(FALLBACK_SCRIPT.format(hide=hide))
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
-    assert done.stdout.split() == ["False", "function", "double-free", "1", "True", "False", "object"]
+    assert done.stdout.split() == PURE_RUN
 
 
 def test_kvguard_pure_picks_the_closures():
     done = _run_python(FALLBACK_SCRIPT.format(hide="pass"), KVGUARD_PURE="1")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["False", "function", "double-free", "1", "True", "False", "object"]
+    assert done.stdout.split() == PURE_RUN
 
 
 def test_kvguard_pure_0_keeps_the_compiled_wrappers():
@@ -112,7 +116,8 @@ def test_kvguard_pure_0_keeps_the_compiled_wrappers():
         pytest.skip("kvguard._fastpath is not built")
     done = _run_python(FALLBACK_SCRIPT.format(hide="pass"), KVGUARD_PURE="0")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["True", "Wrapper", "double-free", "1", "True", "True", "Counters"]
+    assert done.stdout.split() == [
+        "True", "Wrapper", "double-free", "1", "True", "True", "Counters"]
 
 
 STATS_SCRIPT = """
@@ -554,7 +559,7 @@ def test_an_interpreter_running_without_the_gil_gets_the_closures():
     hide = "sys._is_gil_enabled = lambda: False  # as 3.13t without the GIL says"
     done = _run_python(FALLBACK_SCRIPT.format(hide=hide))
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["False", "function", "double-free", "1", "True", "False", "object"]
+    assert done.stdout.split() == PURE_RUN
 
 
 def test_a_wrapper_names_the_module_its_closure_would(implementation):

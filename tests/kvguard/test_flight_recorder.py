@@ -1,0 +1,198 @@
+"""The compiled flight recorder (``kvguard._fastpath.FlightRecorder``) against the deque it
+stands in for.
+
+With the compiled wrappers a guard's ``history`` is a ring of the entries' fields (no tuple
+per guarded call); it must read as ``collections.deque(maxlen=...)`` does for everything kvguard
+and its users do with ``guard.history``, keep and drop references exactly, and stay whole when
+code it runs (a finalizer of an entry it drops, the garbage collector during a read) uses it.
+"""
+
+import collections
+import copy
+import gc
+import pickle
+import weakref
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kvguard
+from kvguard.examples import LINKED_FREE_LIST_SPEC, LinkedFreeList
+from kvguard.guard import shadowing
+
+from .conftest import compiled_wrappers
+
+FASTPATH = compiled_wrappers()
+pytestmark = pytest.mark.skipif(FASTPATH is None, reason="kvguard._fastpath is not built: a "
+                                "guard's history is a deque (the pure tests cover it)")
+
+
+def entry(n):
+    return (n, [n, n + 1], n % 3, None if n % 2 else ("pool", n), "free")
+
+
+OPS = st.lists(st.one_of(st.tuples(st.just("append"), st.integers(0, 10 ** 6)),
+                         st.tuples(st.just("clear")),
+                         st.tuples(st.just("index"), st.integers(-50, 50))), max_size=120)
+
+
+@settings(max_examples=150, deadline=None)
+@given(maxlen=st.integers(1, 40), ops=OPS)
+def test_it_reads_as_a_deque_with_that_maxlen_reads(maxlen, ops):
+    """Appends past maxlen (and past the first allocation of 8 slots), clears, indexing (in
+    range or not, negative too): every read gives what the deque gives."""
+    ring, model = FASTPATH.FlightRecorder(maxlen), collections.deque(maxlen=maxlen)
+    for op in ops:
+        if op[0] == "append":
+            ring.append(entry(op[1]))
+            model.append(entry(op[1]))
+        elif op[0] == "clear":
+            ring.clear()
+            model.clear()
+        else:
+            try:
+                expected = model[op[1]]
+            except IndexError:
+                with pytest.raises(IndexError):
+                    ring[op[1]]  # noqa: B018 (the read is the test)
+            else:
+                assert ring[op[1]] == expected
+        assert len(ring) == len(model) and bool(ring) == bool(model)
+        assert list(ring) == list(model)
+    assert list(reversed(ring)) == list(reversed(model)) and ring.maxlen == maxlen
+    assert all((e in ring) for e in model)
+    assert repr(ring) == f"FlightRecorder({list(model)!r}, maxlen={maxlen})"
+
+
+def test_a_guard_records_into_it_with_the_compiled_wrappers_and_into_a_deque_without(
+        monkeypatch):
+    seen = []
+    for accel in (FASTPATH, None):
+        monkeypatch.setattr(shadowing, "ACCEL", accel)
+        a = LinkedFreeList(8)
+        g = kvguard.guard(a, LINKED_FREE_LIST_SPEC, history=4, stacks="off")
+        for n in (1, 2, 3):
+            a.free(a.allocate(n))
+        seen.append((type(g.history).__name__, list(g.history), g.history.maxlen))
+    assert seen[0][0] == "FlightRecorder" and seen[1][0] == "deque"
+    assert seen[0][1:] == seen[1][1:] and len(seen[0][1]) == 4
+
+
+@pytest.mark.parametrize("bad", [[1, 2, 3, 4, 5], (1, 2, 3, 4), (1, 2, 3, 4, 5, 6), None, "abcde"])
+def test_an_entry_that_is_not_a_five_tuple_is_refused_and_changes_nothing(bad):
+    ring = FASTPATH.FlightRecorder(2)
+    ring.append(entry(1))
+    with pytest.raises(TypeError, match="flight-recorder entry"):
+        ring.append(bad)
+    assert list(ring) == [entry(1)]
+
+
+@pytest.mark.parametrize("maxlen, error", [(0, ValueError), (-1, ValueError), ("3", TypeError),
+                                           (2.0, TypeError), (2 ** 70, OverflowError)])
+def test_a_bad_maxlen_is_refused(maxlen, error):
+    with pytest.raises(error):
+        FASTPATH.FlightRecorder(maxlen)
+
+
+def test_maxlen_is_read_only_and_the_recorder_unhashable_as_a_deque():
+    ring = FASTPATH.FlightRecorder(3)
+    with pytest.raises(AttributeError):
+        ring.maxlen = 4
+    with pytest.raises(TypeError):
+        hash(ring)
+    assert FASTPATH.FlightRecorder(maxlen=2).maxlen == 2
+
+
+def test_copies_and_pickles_hold_the_same_entries():
+    ring = FASTPATH.FlightRecorder(3)
+    for n in range(5):
+        ring.append(entry(n))
+    for twin in (copy.copy(ring), copy.deepcopy(ring), pickle.loads(pickle.dumps(ring))):
+        assert type(twin) is type(ring) and twin is not ring
+        assert list(twin) == list(ring) and twin.maxlen == 3
+    deep = copy.deepcopy(ring)
+    assert deep[0][1] is not ring[0][1]
+
+
+class Marker:
+    pass
+
+
+def test_every_reference_it_holds_is_dropped_when_an_entry_leaves():
+    """Evicted by a newer entry, cleared, or with the recorder itself: each field is released
+    (a leak would keep the ids lists of the guard's whole life)."""
+    ring = FASTPATH.FlightRecorder(2)
+    held = [Marker() for _ in range(4)]
+    refs = [weakref.ref(m) for m in held]
+    for n, m in enumerate(held):
+        ring.append((n, [m], m, None, "free"))
+    del held, m
+    assert [r() is None for r in refs] == [True, True, False, False]  # two evicted
+    ring.clear()
+    assert all(r() is None for r in refs)
+    last = Marker()
+    ring.append((1, [], None, last, "free"))
+    gone = weakref.ref(last)
+    del last, ring
+    assert gone() is None
+
+
+def test_a_cycle_through_it_is_collected():
+    ring = FASTPATH.FlightRecorder(2)
+    ring.append((1, [ring], None, None, "free"))
+    gone = weakref.ref(ring)
+    del ring
+    gc.collect()
+    assert gone() is None
+
+
+class Appender:
+    """An entry field whose finalizer appends to (or clears) the recorder dropping it."""
+
+    ran = 0
+
+    def __init__(self, ring, clear=False):
+        self.ring, self.clear = ring, clear
+
+    def __del__(self):
+        Appender.ran += 1
+        if self.clear:
+            self.ring.clear()
+        else:
+            self.ring.append((-1, [], None, None, "reset"))
+
+
+@pytest.mark.parametrize("clear", [False, True])
+def test_a_finalizer_run_by_an_evicted_entry_finds_the_recorder_whole(clear):
+    ring = FASTPATH.FlightRecorder(3)
+    ring.append((0, [], Appender(ring, clear), None, "free"))
+    ring.append(entry(1))
+    ring.append(entry(2))
+    ring.append(entry(3))  # evicts entry 0: its finalizer appends (evicting 1) or clears
+    model = [] if clear else [entry(2), entry(3), (-1, [], None, None, "reset")]
+    assert list(ring) == model and len(ring) == len(model)
+    ring.append(entry(4))
+    assert list(ring)[-1] == entry(4)
+
+
+def test_reads_survive_the_garbage_collector_running_code_that_appends_meanwhile():
+    """Every tuple a read makes may start a collection, whose finalizers may append: a read
+    returns whole entries only (the ring is read afresh after each allocation)."""
+    ring = FASTPATH.FlightRecorder(5)
+    for n in range(5):
+        ring.append(entry(n))
+    threshold, ran = gc.get_threshold(), Appender.ran
+    gc.set_threshold(1)
+    try:
+        for _ in range(200):
+            junk = [Appender(ring)]
+            junk.append(junk)  # a cycle: only the collector frees it, at some allocation
+            del junk
+            got = list(ring)
+            assert len(got) == 5 and all(type(e) is tuple and len(e) == 5 for e in got)
+            assert ring[-1] in (entry(4), (-1, [], None, None, "reset"))
+        assert Appender.ran > ran + 100  # the collector did run their finalizers meanwhile
+    finally:
+        gc.set_threshold(*threshold)
+        gc.collect()

@@ -1,7 +1,8 @@
 """What a violation carries: the blocks' histories from the ledger and the flight recorder.
 
-The flight recorder is a guard's ``history`` deque; every entry has one shape, written on the
-hot path as a plain tuple so that recording costs one append::
+The flight recorder is a guard's ``history`` (a deque, or with the compiled wrappers their
+``FlightRecorder``, which stores an entry's fields and makes the tuple when read); every entry
+has one shape, written on the hot path as a plain tuple so that recording costs one append::
 
     (call, ids, site, pool, op)
 

@@ -1063,9 +1063,10 @@ typedef struct {
        last numpy type read and its kind (kinds' entries never change once learned), a dtype
        object seen to be of kind "i" or "u" (a dtype's kind never changes), and the array
        type's own ``tolist`` method descriptor when looking it up on an instance can only find
-       that (see numpy_facts). */
+       that (see numpy_kind); np_layout: the array type's instances were found laid out as
+       numpy's PyArrayObject_fields (see np_layout_ok), so ndim and dtype are read in place. */
     PyObject *np_type, *int_dtype, *np_tolist;
-    int np_kind;
+    int np_kind, np_layout;
     PyObject *id_attr;       /* str, or None: the Python reader reads */
     PyObject *skip, *keeps_all, *allocator;
     SlotCache id_slot, count_slot, pair_slot[SLOT_PAIRS];  /* id_attr, refcount_attr, pairs */
@@ -1610,16 +1611,90 @@ enum { K_OTHER = 0, K_ARRAY = 1, K_SCALAR = 2 };
 
 static PyObject *s_ndim, *s_dtype, *s_kind, *s_tolist;
 
+/* The start of numpy's ``PyArrayObject_fields`` (numpy/ndarraytypes.h, the same in numpy 1.x
+   and 2.x; ``PyArray_NDIM`` and ``PyArray_DESCR`` read these fields): what ``ndim`` and
+   ``dtype`` return. Never trusted unseen: np_layout_ok checks it on the first array a wrapper
+   reads. */
+typedef struct {
+    PyObject_HEAD
+    char *data;
+    int nd;
+    Py_ssize_t *dimensions;
+    Py_ssize_t *strides;
+    PyObject *base;
+    PyObject *descr;
+} np_array_mirror;
+
+#define NPA(o) ((np_array_mirror *)(o))
+
+/* The last array type np_layout_ok was asked about (a strong reference, kept for the life of
+   the module as array_type is) and its answer. */
+static PyObject *layout_type = NULL;
+static int layout_known = 0;
+
+/* 1 if ``a``'s nd and descr fields are what ``a.ndim`` and ``a.dtype`` give (its ndim as a
+   number, its dtype by identity), else 0; -1 with an error. */
+static int
+np_fields_match(PyObject *a)
+{
+    PyObject *ndim = PyObject_GetAttr(a, s_ndim), *dtype;
+    int ok;
+    if (ndim == NULL)
+        return -1;
+    dtype = PyObject_GetAttr(a, s_dtype);
+    if (dtype == NULL) {
+        Py_DECREF(ndim);
+        return -1;
+    }
+    ok = PyLong_CheckExact(ndim) && PyLong_AsLong(ndim) == NPA(a)->nd && NPA(a)->descr == dtype;
+    Py_DECREF(ndim);
+    Py_DECREF(dtype);
+    if (PyErr_Occurred())
+        return -1;
+    return ok;
+}
+
+/* Whether instances of ``type(value)``, numpy's array type, are laid out as np_array_mirror:
+   ``value``, ``value[None]`` and ``value[None][None]`` (views of one, two more dimensions) must
+   all be of that type, big enough, and have in those fields what ``ndim`` and ``dtype`` say:
+   three different dimension counts at the same offset and the dtype's address at another
+   cannot happen by chance. 0 (read them by name) on any doubt, errors cleared. */
+static int
+np_layout_ok(PyObject *value)
+{
+    PyTypeObject *tp = Py_TYPE(value);
+    PyObject *views[3] = {value, NULL, NULL};
+    int ok = 0, i;
+    if (tp->tp_basicsize < (Py_ssize_t)sizeof(np_array_mirror))
+        return 0;
+    views[1] = PyObject_GetItem(value, Py_None);
+    if (views[1] != NULL)
+        views[2] = PyObject_GetItem(views[1], Py_None);
+    if (views[2] != NULL) {
+        ok = 1;
+        for (i = 0; i < 3 && ok; i++)
+            ok = Py_TYPE(views[i]) == tp && np_fields_match(views[i]) == 1 &&
+                 NPA(views[i])->nd == NPA(value)->nd + i;
+    }
+    Py_XDECREF(views[1]);
+    Py_XDECREF(views[2]);
+    PyErr_Clear();
+    return ok;
+}
+
 /* The kind ``kinds`` gives ``value``'s type: K_ARRAY or K_SCALAR, K_OTHER (not numpy's, or
    not learned yet), -1 with an error. The last numpy type found is remembered (an entry of
    fastread's table never changes once learned), with, for an array type, its ``tolist``
    method descriptor when ``value.tolist`` can resolve to nothing else: a type that cannot be
-   changed (not a heap type), with the generic attribute lookup and no instance __dict__. */
+   changed (not a heap type), with the generic attribute lookup and no instance __dict__; and
+   for such a type whether its instances' ndim and dtype can be read in place (np_layout_ok,
+   asked of this first array). */
 static int
 numpy_kind(Wrapper *w, PyObject *value)
 {
     PyTypeObject *tp = Py_TYPE(value);
-    PyObject *kind, *old_type, *old_tolist;
+    PyObject *kind, *old_type, *old_tolist, *tolist = NULL;
+    int layout = 0;
     long k;
     if ((PyObject *)tp == w->np_type)
         return w->np_kind;
@@ -1631,20 +1706,25 @@ numpy_kind(Wrapper *w, PyObject *value)
         PyErr_Clear();
     if (k != K_ARRAY && k != K_SCALAR)
         return K_OTHER;
-    old_type = w->np_type;
-    old_tolist = w->np_tolist;
-    w->np_type = Py_NewRef((PyObject *)tp);
-    w->np_tolist = NULL;
-    w->np_kind = (int)k;
     if (k == K_ARRAY && !(tp->tp_flags & Py_TPFLAGS_HEAPTYPE) &&
         tp->tp_getattro == PyObject_GenericGetAttr && tp->tp_dictoffset == 0) {
-        PyObject *d = PyObject_GetAttr((PyObject *)tp, s_tolist);
-        if (d != NULL && Py_IS_TYPE(d, &PyMethodDescr_Type))
-            w->np_tolist = d;
-        else
-            Py_XDECREF(d);
+        tolist = PyObject_GetAttr((PyObject *)tp, s_tolist);
+        if (tolist != NULL && !Py_IS_TYPE(tolist, &PyMethodDescr_Type))
+            Py_CLEAR(tolist);
         PyErr_Clear();
+        if ((PyObject *)tp != layout_type) {  /* asked once per type: a type's layout is fixed */
+            int ok = np_layout_ok(value);
+            Py_XSETREF(layout_type, Py_NewRef((PyObject *)tp));
+            layout_known = ok;
+        }
+        layout = layout_known;
     }
+    old_type = w->np_type;  /* the new entry is written whole, then the old one dropped */
+    old_tolist = w->np_tolist;
+    w->np_type = Py_NewRef((PyObject *)tp);
+    w->np_tolist = tolist;
+    w->np_kind = (int)k;
+    w->np_layout = layout;
     Py_XDECREF(old_type);  /* last: the cache is whole before anything can run */
     Py_XDECREF(old_tolist);
     return (int)k;
@@ -1653,9 +1733,8 @@ numpy_kind(Wrapper *w, PyObject *value)
 /* fastread.plain_ids for a numpy array or scalar whose type fastread has learned: a new list,
    None (not ids the fast path takes), or NotImplemented (not learned: ask the Python reader).
    An array is read as ``value.tolist() if value.ndim == 1 and value.dtype.kind in "iu"``,
-   with the ndim test made on what tolist() gives: a 1-D integer array gives a list of ints,
-   a 0-D one an int, a deeper one a list of lists (or, with no rows, an empty list: then ndim
-   is asked). */
+   ndim and dtype read in place where the layout was checked (np_layout_ok), else by name;
+   nothing is converted unless it is 1-D (a block table passed by mistake costs nothing). */
 static PyObject *
 read_numpy(Wrapper *w, PyObject *value)
 {
@@ -1664,9 +1743,30 @@ read_numpy(Wrapper *w, PyObject *value)
         return NULL;
     if (k == K_ARRAY) {
         PyObject *dtype, *out;
-        dtype = PyObject_GetAttr(value, s_dtype);
-        if (dtype == NULL)
-            return NULL;
+        if (w->np_layout && (PyObject *)Py_TYPE(value) == w->np_type) {
+            if (NPA(value)->nd != 1)
+                Py_RETURN_NONE;
+            dtype = Py_NewRef(NPA(value)->descr);
+        }
+        else {
+            PyObject *ndim = PyObject_GetAttr(value, s_ndim);
+            long nd;
+            if (ndim == NULL)
+                return NULL;
+            if (!PyLong_CheckExact(ndim)) {  /* ``ndim == 1`` is Python's to answer */
+                Py_DECREF(ndim);
+                Py_RETURN_NOTIMPLEMENTED;
+            }
+            nd = PyLong_AsLong(ndim);
+            Py_DECREF(ndim);
+            if (nd == -1 && PyErr_Occurred())
+                PyErr_Clear();  /* a huge ndim is not 1 */
+            if (nd != 1)
+                Py_RETURN_NONE;
+            dtype = PyObject_GetAttr(value, s_dtype);
+            if (dtype == NULL)
+                return NULL;
+        }
         if (dtype != w->int_dtype) {
             /* ``dtype.kind in "iu"``: one of "i", "u" (or "", "iu") */
             PyObject *dkind = PyObject_GetAttr(dtype, s_kind);
@@ -1698,39 +1798,7 @@ read_numpy(Wrapper *w, PyObject *value)
         out = w->np_tolist != NULL && (PyObject *)Py_TYPE(value) == w->np_type
                   ? PyObject_Vectorcall(w->np_tolist, &value, 1, NULL)
                   : PyObject_CallMethodNoArgs(value, s_tolist);
-        if (out == NULL || !PyList_CheckExact(out))  /* an error, or a 0-D array's number */
-            goto not_1d;
-        if (PyList_GET_SIZE(out) > 0) {
-            if (PyLong_CheckExact(PyList_GET_ITEM(out, 0)))
-                return out;  /* 1-D: every item is an int */
-            goto not_1d;
-        }
-        {   /* no items: 1-D, or an array with no rows (ndim > 1) */
-            PyObject *ndim = PyObject_GetAttr(value, s_ndim);
-            int one;
-            if (ndim == NULL) {
-                Py_DECREF(out);
-                return NULL;
-            }
-            if (!PyLong_CheckExact(ndim)) {  /* ``ndim == 1`` is Python's to answer */
-                Py_DECREF(ndim);
-                Py_DECREF(out);
-                Py_RETURN_NOTIMPLEMENTED;
-            }
-            one = PyLong_AsLong(ndim) == 1;
-            Py_DECREF(ndim);
-            if (PyErr_Occurred())
-                PyErr_Clear();  /* a huge ndim is not 1 */
-            if (one)
-                return out;
-            Py_DECREF(out);
-            Py_RETURN_NONE;
-        }
-    not_1d:
-        if (out == NULL)
-            return NULL;
-        Py_DECREF(out);
-        Py_RETURN_NONE;
+        return out;  /* plain_ids returns what tolist() gives, or its error */
     }
     if (k == K_SCALAR) {
         PyObject *one, *b = PyNumber_Long(value);

@@ -753,3 +753,80 @@ def test_a_long_calls_repeated_id_is_found_on_both(implementation, n, spread, re
         freed = ids
     pool.free(freed)
     assert not g.live and g.stats.free_calls == 1 and g.stats.blocks_freed == n
+
+
+def test_a_block_table_passed_as_ids_is_refused_without_being_converted(implementation):
+    """A 2-D integer array (a block table passed by mistake) gets ``invalid-id`` on both, and
+    neither reader turns it into nested lists first (the compiled one reads ``ndim`` from the
+    array before it calls ``tolist()``): 40,000 ids would cost megabytes."""
+    a = LinkedFreeList(8)
+    g = kvguard.guard(a, LINKED_FREE_LIST_SPEC, stacks="off")
+    a.free(np.array(a.allocate(2), dtype=np.int64))  # the fast path has read an array
+    table = np.arange(40_000, dtype=np.int64).reshape(200, 200)
+    tracemalloc.start()
+    try:
+        with pytest.raises(kvguard.KVGuardError):
+            a.free(table)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [v.kind for v in g.violations] == ["invalid-id"]
+    assert peak < 400_000, f"{peak} bytes traced: the table was converted"
+
+
+class FakeArray:
+    """Stands in for an array type ``fastread`` has learned as numpy's but whose fields the
+    compiled reader cannot read in place (a Python class): it asks ``ndim``, ``dtype.kind``
+    and ``tolist()`` by name, as ``fastread.plain_ids`` does."""
+
+    def __init__(self, ids, ndim=1, kind="i"):
+        self.ids, self._ndim, self.dtype = ids, ndim, type("dtype", (), {"kind": kind})()
+
+    @property
+    def ndim(self):
+        if isinstance(self._ndim, Exception):
+            raise self._ndim
+        return self._ndim
+
+    def tolist(self):
+        return list(self.ids)
+
+    def __iter__(self):
+        return iter(self.ids)
+
+    def __len__(self):
+        return len(self.ids)
+
+
+FAKE_ARRAYS = [dict(), dict(ndim=2), dict(ndim=0), dict(ndim=1.0), dict(ndim="1"),
+               dict(ndim=2 ** 70), dict(ndim=LookupError("no ndim")), dict(kind="u"),
+               dict(kind="f"), dict(kind=""), dict(kind="iu"), dict(kind=5)]
+
+
+@pytest.mark.parametrize("fake", FAKE_ARRAYS, ids=[str(f) for f in FAKE_ARRAYS])
+def test_an_array_read_by_name_gets_the_python_readers_verdict(fake):
+    """The compiled reader's by-name path (``ndim``, then ``dtype.kind``, then ``tolist()``)
+    against the closures' ``plain_ids`` on each odd answer: the same outcome, counters and
+    ledger."""
+    from kvguard import fastread
+    seen = []
+    built = compiled_wrappers()
+    fastread.KINDS[FakeArray] = fastread.ARRAY
+    try:
+        for accel in ([built] if built else []) + [None]:
+            saved, shadowing.ACCEL = shadowing.ACCEL, accel
+            try:
+                a = LinkedFreeList(8)
+                g = kvguard.guard(a, LINKED_FREE_LIST_SPEC, stacks="off")
+            finally:
+                shadowing.ACCEL = saved
+            ids = a.allocate(3)
+            try:
+                a.free(FakeArray(ids[:2], **fake))
+                outcome = "ok"
+            except kvguard.KVGuardError as exc:
+                outcome = exc.kind
+            seen.append((outcome, snapshot(a, g), g.stats.to_dict()))
+    finally:
+        del fastread.KINDS[FakeArray]
+    assert all(s == seen[-1] for s in seen)

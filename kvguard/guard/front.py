@@ -27,7 +27,7 @@ from .arguments import MISSING, Param, pool_key
 from .decisions import MODES
 from .instances import GUARDS, engine_method
 from .quarantine import Quarantine
-from .telemetry import Journal, Stats, announce
+from .telemetry import Journal, announce, new_stats
 
 LIMIT = 1 << 30
 """Largest count a guard option takes: far past any use, and small enough for every deque,
@@ -81,7 +81,7 @@ class Guard:
         self._tick = itertools.count(2).__next__
         """The guard's call counter: the ledger stamps each block with the call that last
         changed it. Call #1 stands for "before the guard attached"."""
-        self.stats = Stats()
+        self.stats = new_stats(shadowing.ACCEL is not None)
         self.journal = Journal(max_violations, log_every)
         self.history = shadowing.new_history(history) if history else None
         """The flight recorder (see ``kvguard.guard.evidence`` for its entries): a deque, or

@@ -21,16 +21,11 @@ COUNTERS = ("alloc_calls", "free_calls", "share_calls", "blocks_allocated", "blo
             "blocks_shared", "learned", "internal_errors")
 """The counters of ``Stats``, in ``to_dict()`` order; each an int, starting at 0."""
 
-_COUNTERS_BASE = getattr(FASTPATH, "Counters", object)
-"""With the compiled parts, their ``Counters``: the counters as C integers under the same names
-(a compiled wrapper adds to one in place; a Python int counter costs a new int per bump), read
-and written from Python as ints. Without them, plain ``__slots__``."""
 
+class _Counting:
+    """What a guard's counters do, whichever way they are stored (``PlainStats``, ``Stats``)."""
 
-class Stats(_COUNTERS_BASE):
-    """Counters a guard keeps; ``to_dict()`` is what summaries and JSON reports show."""
-
-    __slots__ = ("violations",) if _COUNTERS_BASE is not object else COUNTERS + ("violations",)
+    __slots__ = ()
 
     def __init__(self) -> None:
         for name in COUNTERS:
@@ -43,7 +38,7 @@ class Stats(_COUNTERS_BASE):
         return d
 
     def __getstate__(self) -> dict:
-        # copy and pickle by name (the same state for both bases: a C base has no
+        # copy and pickle by name (the same state for both kinds: C counters have no
         # object-slot state for the default protocol to take)
         return {**{name: getattr(self, name) for name in COUNTERS}, "violations": self.violations}
 
@@ -53,6 +48,35 @@ class Stats(_COUNTERS_BASE):
 
     def __repr__(self) -> str:
         return f"Stats({self.to_dict()})"
+
+
+class PlainStats(_Counting):
+    """Counters a guard keeps, as plain ints in ``__slots__``: ``Stats`` without the compiled
+    parts, and the counters of a guard on the Python wrappers (which Python's attribute
+    caches make cheapest to bump from Python code)."""
+
+    __slots__ = COUNTERS + ("violations",)
+
+
+_C_COUNTERS = getattr(FASTPATH, "Counters", None)
+
+if _C_COUNTERS is not None:
+    class Stats(_Counting, _C_COUNTERS):
+        """Counters a guard keeps; ``to_dict()`` is what summaries and JSON reports show.
+
+        With the compiled parts the counters are C integers (``kvguard._fastpath.Counters``)
+        under the same names, read and written from Python as ints: a compiled wrapper adds to
+        one in place, where a Python int counter costs a new int per bump."""
+
+        __slots__ = ("violations",)
+else:
+    Stats = PlainStats
+
+
+def new_stats(compiled: bool):
+    """A new guard's counters: ``Stats`` for a guard on the compiled wrappers, ``PlainStats``
+    for one on the Python wrappers (the same class where nothing is compiled)."""
+    return Stats() if compiled else PlainStats()
 
 
 def subscribe(callback):

@@ -87,11 +87,12 @@ FALLBACK_SCRIPT = """
         caught = exc.kind
     print(shadowing.ACCEL is not None, type(vars(a)["free"]).__name__, caught, g.stats.free_calls,
           g.live == {{}}, "kvguard._fastpath" in sys.modules and
-          sys.modules["kvguard._fastpath"] is not None, kvguard.Stats.__mro__[1].__name__)
+          sys.modules["kvguard._fastpath"] is not None,
+          "C" if "Counters" in [c.__name__ for c in type(g.stats).__mro__] else "plain")
 """
 
 
-PURE_RUN = ["False", "function", "double-free", "1", "True", "False", "object"]
+PURE_RUN = ["False", "function", "double-free", "1", "True", "False", "plain"]
 """FALLBACK_SCRIPT's output on the closures: no extension loaded, plain int counters."""
 
 
@@ -117,7 +118,7 @@ def test_kvguard_pure_0_keeps_the_compiled_wrappers():
     done = _run_python(FALLBACK_SCRIPT.format(hide="pass"), KVGUARD_PURE="0")
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [
-        "True", "Wrapper", "double-free", "1", "True", "True", "Counters"]
+        "True", "Wrapper", "double-free", "1", "True", "True", "C"]
 
 
 STATS_SCRIPT = """
@@ -178,21 +179,36 @@ def test_a_c_counter_refuses_what_it_cannot_hold_and_keeps_its_value():
     assert s.learned == -2 ** 63 and s.free_calls == 0
 
 
-@pytest.mark.parametrize("which", ["compiled", "pure"])
-def test_a_counter_at_its_limit_fails_the_call_the_same_way_on_both(which):
+def test_a_guards_counters_follow_its_wrappers(implementation):
+    """A guard on the compiled wrappers counts in ``Stats`` (C counters with the extension),
+    one on the Python wrappers in ``PlainStats`` (plain ints, which Python's attribute caches
+    make cheapest to bump from the closures); both count the same."""
+    from kvguard.guard import telemetry
+    a = LinkedFreeList(4)
+    g = kvguard.guard(a, LINKED_FREE_LIST_SPEC, stacks="off")
+    a.free(a.allocate(3))
+    built = compiled_wrappers()
+    expected = telemetry.Stats if implementation == "compiled" else telemetry.PlainStats
+    assert type(g.stats) is expected
+    assert isinstance(g.stats, built.Counters) == (implementation == "compiled" and
+                                                   telemetry.Stats is not telemetry.PlainStats)
+    assert (g.stats.alloc_calls, g.stats.free_calls, g.stats.blocks_freed) == (1, 1, 3)
+
+
+def test_a_c_counter_at_its_limit_fails_the_call_as_the_closures_would():
     """A guarded call that would take a C counter past its limit raises OverflowError after
-    the allocator's call, as ``stats.free_calls += 1`` does in the closures, and the counter
-    keeps its value: the compiled wrapper's in-place add falls back to Python's setattr."""
+    the allocator's call (as ``stats.free_calls += 1`` would in Python code) and the counter
+    keeps its value: the compiled wrapper's in-place add falls back to setattr."""
     built = compiled_wrappers()
     if built is None or not isinstance(kvguard.Stats(), built.Counters):
         pytest.skip("Stats has plain int counters here: they have no limit")
-    saved, shadowing.ACCEL = shadowing.ACCEL, built if which == "compiled" else None
+    saved, shadowing.ACCEL = shadowing.ACCEL, built
     try:
         a = LinkedFreeList(4)
         g = kvguard.guard(a, LINKED_FREE_LIST_SPEC, stacks="off")
     finally:
         shadowing.ACCEL = saved
-    assert type(vars(a)["free"]).__name__ == ("Wrapper" if which == "compiled" else "function")
+    assert type(vars(a)["free"]) is built.Wrapper
     ids = a.allocate(3)
     g.stats.free_calls = 2 ** 63 - 1
     with pytest.raises(OverflowError):

@@ -454,23 +454,34 @@ recorder_item(Recorder *r, Py_ssize_t i)
     return recorder_entry(r, i);
 }
 
-/* The entries, oldest first, as a new list of tuples (a snapshot: a finalizer run by an
-   allocation may append meanwhile; the list ends where the recorder ends when it is read). */
+/* The entries, oldest first, as a new list of tuples: one state of the recorder. Every tuple
+   is allocated first (an allocation may run the collector, and code it runs may append to or
+   clear the recorder), then all are filled with no allocation in between; a list longer than
+   the recorder is by then is cut to its length (dropping empty tuples runs no code). */
 static PyObject *
 recorder_list(Recorder *r)
 {
-    PyObject *out = PyList_New(0);
-    Py_ssize_t i;
+    Py_ssize_t n = r->len, i, j;
+    PyObject *out = PyList_New(n);
     if (out == NULL)
         return NULL;
-    for (i = 0; i < r->len; i++) {
-        PyObject *t = recorder_entry(r, i);
-        if (t == NULL || PyList_Append(out, t) < 0) {
-            Py_XDECREF(t);
+    for (i = 0; i < n; i++) {
+        PyObject *t = PyTuple_New(FIELDS);
+        if (t == NULL) {
             Py_DECREF(out);
             return NULL;
         }
-        Py_DECREF(t);
+        PyList_SET_ITEM(out, i, t);
+    }
+    if (r->len < n && PyList_SetSlice(out, r->len, n, NULL) < 0) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    n = PyList_GET_SIZE(out);
+    for (i = 0; i < n; i++) {
+        PyObject **slot = r->items + ((r->start + i) % r->maxlen) * FIELDS;
+        for (j = 0; j < FIELDS; j++)
+            PyTuple_SET_ITEM(PyList_GET_ITEM(out, i), j, Py_NewRef(slot[j]));
     }
     return out;
 }

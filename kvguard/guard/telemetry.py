@@ -42,6 +42,10 @@ class _Counting:
         # object-slot state for the default protocol to take)
         return {**{name: getattr(self, name) for name in COUNTERS}, "violations": self.violations}
 
+    def __reduce__(self):
+        # every pickle protocol (0 and 1 cannot reduce C counters by themselves) and copy
+        return type(self), (), self.__getstate__()
+
     def __setstate__(self, state: dict) -> None:
         for name, value in state.items():
             setattr(self, name, value)

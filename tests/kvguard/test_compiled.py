@@ -846,3 +846,20 @@ def test_an_array_read_by_name_gets_the_python_readers_verdict(fake):
     finally:
         del fastread.KINDS[FakeArray]
     assert all(s == seen[-1] for s in seen)
+
+
+@pytest.mark.parametrize("pure", [False, True])
+def test_stats_pickle_under_every_protocol(pure):
+    """Protocols 0 and 1 cannot reduce an object with C counters by themselves; ``Stats``
+    reduces itself by name, on either storage."""
+    import pickle
+
+    from kvguard.guard.telemetry import PlainStats, Stats
+    if not pure and compiled_wrappers() is None:
+        pytest.skip("kvguard._fastpath is not built: Stats has plain int counters")
+    stats = (PlainStats if pure else Stats)()
+    stats.free_calls, stats.learned = 3, 2 ** 62
+    stats.violations["double-free"] += 2
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+        back = pickle.loads(pickle.dumps(stats, protocol))
+        assert type(back) is type(stats) and back.to_dict() == stats.to_dict(), protocol

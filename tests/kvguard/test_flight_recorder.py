@@ -196,3 +196,36 @@ def test_reads_survive_the_garbage_collector_running_code_that_appends_meanwhile
     finally:
         gc.set_threshold(*threshold)
         gc.collect()
+
+
+def test_a_read_is_one_state_of_the_recorder_when_the_collector_appends_during_it():
+    """Reading the recorder allocates a tuple per entry; before Python 3.12 an allocation can
+    run the collector, and code it runs (a finalizer calling the guarded allocator) can append
+    to a full ring or clear it. The read is then the recorder as it was or as it is, never a
+    mix of both (it skipped an entry the ring still held and kept the one it dropped), and
+    never an IndexError in the middle of a violation report."""
+    for change in ("append", "clear"):
+        ring = FASTPATH.FlightRecorder(4)
+        for n in range(4):
+            ring.append(entry(n))
+        before = [e[0] for e in ring]
+        state = {"armed": False, "calls": 0}
+
+        def during_collection(phase, info, ring=ring, change=change, state=state):
+            if phase == "start" and state["armed"]:
+                state["calls"] += 1
+                if state["calls"] == 2:  # while the second entry's tuple is being allocated
+                    ring.append(entry(99)) if change == "append" else ring.clear()
+        gc.callbacks.append(during_collection)
+        threshold = gc.get_threshold()
+        gc.set_threshold(1, 1000, 1000)
+        try:
+            drained = [tuple([i, 0, 0, 0, 0]) for i in range(5000)]  # no free 5-tuples left
+            state["armed"] = True
+            got = [e[0] for e in ring]
+        finally:
+            state["armed"] = False
+            gc.set_threshold(*threshold)
+            gc.callbacks.remove(during_collection)
+        del drained
+        assert got in (before, [e[0] for e in ring]), (change, got)

@@ -23,6 +23,7 @@ statement in DeepSpeed, vLLM, SGLang, lmdeploy and aphrodite-engine scores under
 from __future__ import annotations
 
 import itertools
+import operator
 import re
 
 # Estimated depth of one statement beyond which a file is not parsed. libcst parses
@@ -111,8 +112,12 @@ def too_deep(text: str, limit: int = MAX_DEPTH, tree=None):
 
 _WORDS = re.compile(r"\b(?:and|or|not|lambda|await|if|else)\b")
 _RAISING = "-+*/%@&|^~."
-_WHOLE = 3_000  # characters: up to this, a compound statement is counted whole first
-_ENDED_LINES = re.compile(r"[^\r\n]*(?:\r\n?|\n)")  # each line up to its break
+# The keywords, also at the end of a longer name ("band"): counting more is safe, and a
+# pattern that does not start with \b is searched twice as fast.
+_WORD_ENDS = re.compile(r"(?:and|or|not|lambda|await|if|else)\b")
+_WORD_MARK = "\x01"  # a keyword, once replaced
+_NOT_COUNTED = re.compile(r"[^-+*/%@&|^~.(\[{\n\x01]+")
+_NOT_OPENING = re.compile(r"[^(\[{\n]+")
 
 
 def _bound(segment: str) -> int:
@@ -124,22 +129,38 @@ def _bound(segment: str) -> int:
     return count + len(_WORDS.findall(segment))
 
 
+def _line_bounds(text: str) -> list:
+    """At least `_bound` of the text's first n lines, for each n (0 first): the bound
+    of lines a..b is the difference of two entries, for each line's count is its own
+    (a word never spans two lines). Made by whole-text substitutions, not a loop over
+    lines."""
+    marked = _WORD_ENDS.sub(_WORD_MARK, text)  # a stray \x01 in the text only counts more
+    counted = _NOT_COUNTED.sub("", marked).split("\n")
+    brackets = _NOT_OPENING.sub("", marked).split("\n")  # counted a second time
+    return list(
+        itertools.accumulate(map(operator.add, map(len, counted), map(len, brackets)), initial=0)
+    )
+
+
 def _may_be_too_deep(text: str, tree, limit: int) -> bool:
     """Whether some statement's text (a simple statement, or a compound statement's
     header with its decorators) holds enough to reach `limit` (then scan)."""
-    # Where each line starts (the end of each line break), then the end of the text.
-    starts = list(itertools.accumulate(map(len, _ENDED_LINES.findall(text)), initial=0))
-    starts.append(len(text))
-    last_line = len(starts) - 1
+    counts = _line_bounds(text)
+    last_line = len(counts) - 1
 
-    def segment(first, last):
+    def bound(first, last):
         first = min(max(first, 1), last_line)
         last = min(max(last, first), last_line)
-        return text[starts[first - 1] : starts[last]]
+        return counts[last] - counts[first - 1]
 
     pending = [getattr(tree, "body", None) or []]
     while pending:
         for stmt in pending.pop():
+            first = stmt.lineno
+            for decorator in getattr(stmt, "decorator_list", None) or []:
+                first = min(first, decorator.lineno)
+            if bound(first, stmt.end_lineno or stmt.lineno) <= limit:
+                continue  # nothing in it, its decorators included, can reach the limit
             blocks = [
                 getattr(stmt, name, None) or [] for name in ("body", "orelse", "finalbody")
             ]
@@ -148,38 +169,19 @@ def _may_be_too_deep(text: str, tree, limit: int) -> bool:
                 blocks.append(handler.body)
             for case in getattr(stmt, "cases", None) or []:
                 blocks.append(case.body)
-            first_line = min(max(stmt.lineno, 1), last_line)
-            last_line_of = min(max(stmt.end_lineno or stmt.lineno, first_line), last_line)
-            size = starts[last_line_of] - starts[first_line - 1]
-            # A big compound statement's own text is not counted: its header and the
-            # statements of its blocks are, one by one below (counting the whole of a
-            # class and then of each of its methods again would read the file once per
-            # nesting level).
-            if size * 2 <= limit or (
-                (not blocks or size <= _WHOLE)
-                and _bound(segment(stmt.lineno, stmt.end_lineno or stmt.lineno)) <= limit
-            ):
-                if not getattr(stmt, "decorator_list", None):
-                    continue  # nothing in it can reach the limit
-            first = stmt.lineno
-            for decorator in getattr(stmt, "decorator_list", None) or []:
-                first = min(first, decorator.lineno)
             inner = [block[0].lineno for block in blocks if block]
             if not inner:  # a simple statement
-                last = stmt.end_lineno or stmt.lineno
-            else:  # a header: up to its first body (elif/except/case headers come below)
-                last = max(stmt.lineno, min(inner) - 1)
-                for handler in getattr(stmt, "handlers", None) or []:
-                    if len(segment(handler.lineno, handler.body[0].lineno)) * 2 > limit:
-                        if _bound(segment(handler.lineno, handler.body[0].lineno)) > limit:
-                            return True
-                for case in getattr(stmt, "cases", None) or []:
-                    where = case.pattern.lineno
-                    if _bound(segment(where, max(where, case.body[0].lineno))) > limit:
-                        return True
-                pending.extend(blocks)
-            text_of = segment(first, last)
-            if len(text_of) * 2 > limit and _bound(text_of) > limit:
                 return True
+            # a header: up to its first body (elif/except/case headers come below)
+            last = max(stmt.lineno, min(inner) - 1)
+            for handler in getattr(stmt, "handlers", None) or []:
+                if bound(handler.lineno, handler.body[0].lineno) > limit:
+                    return True
+            for case in getattr(stmt, "cases", None) or []:
+                where = case.pattern.lineno
+                if bound(where, max(where, case.body[0].lineno)) > limit:
+                    return True
+            if bound(first, last) > limit:
+                return True
+            pending.extend(blocks)
     return False
-

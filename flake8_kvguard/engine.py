@@ -7,7 +7,6 @@ files, filter by code and `# noqa`, and print.
 from __future__ import annotations
 
 import ast
-import gc
 import io
 import re
 import sys
@@ -15,6 +14,7 @@ import tokenize
 import warnings
 
 from . import analysis, depth, nodes, positions, slicing
+from .collector import gc_paused
 from .prefilter import prefilter_for
 from .rules import HOOKS
 
@@ -101,23 +101,6 @@ def decode(source):
         return source.decode(encoding)
     except (SyntaxError, UnicodeError, LookupError):
         return None
-
-
-class gc_paused:
-    """The conversion and the analysis make hundreds of thousands of small objects and
-    no reference cycles worth collecting on the way: with the cyclic collector on, its
-    full passes over the whole heap (flake8's included) take as long as the work itself.
-    Paused for one module, and restored as it was."""
-
-    def __enter__(self):
-        self.enabled = gc.isenabled()
-        gc.disable()
-        return self
-
-    def __exit__(self, *exc):
-        if self.enabled:
-            gc.enable()
-        return False
 
 
 class deep_recursion:

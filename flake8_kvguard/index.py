@@ -22,12 +22,16 @@ import re
 import tempfile
 
 from . import project, torch_api
+from .collector import gc_paused
 
 LOG = logging.getLogger("flake8.kvguard")
 
 FORMAT_VERSION = 4  # 4: each file's entry holds the digest of the text it was scanned from
 CACHE_DIR_NAME = ".kvguard_cache"
 CACHE_FILE = "lint-index.json"
+# Beside it: the merged index with the stamps of the files it was merged from, so that
+# a run in an unchanged project reads neither every file's entry nor merges them.
+MERGED_FILE = "lint-index-merged.json"
 MAX_FILES = 50_000  # a "project" bigger than this is a home directory, not a project
 MAX_SIGNATURE = 4_000  # characters scanned for one signature
 
@@ -320,7 +324,7 @@ class ProjectIndex:
     be scanned again when it is as the index saw it."""
 
     def __init__(self, entries=(), scans=None):
-        self.scans = scans or {}
+        self._scans = scans or {}  # digest -> entry, or its JSON text (from_tables)
         kinds: dict = {}
         tensor_params = set()
         classes: dict = {}
@@ -356,6 +360,44 @@ class ProjectIndex:
                 else:
                     self.returns[name] = TENSOR
         self.tensor_params = frozenset(tensor_params)
+
+    def tables(self) -> dict:
+        """What `from_tables` rebuilds the index from (JSON-ready): each file's entry
+        is kept as JSON text, parsed only for a file being checked (text is not
+        something the cyclic collector has to walk through)."""
+        return {
+            "r": self.returns,
+            "p": sorted(self.tensor_params),
+            "c": self.classes,
+            "k": self.factories,
+            "s": {
+                digest: entry if type(entry) is str else json.dumps(entry, separators=(",", ":"))
+                for digest, entry in self._scans.items()
+            },
+        }
+
+    @classmethod
+    def from_tables(cls, tables):
+        """The index `tables()` describes."""
+        index = cls()
+        index.returns = tables["r"]
+        index.tensor_params = frozenset(tables["p"])
+        index.classes = tables["c"]
+        index.factories = tables["k"]
+        index._scans = tables["s"]
+        return index
+
+    def scan_of(self, digest: str):
+        """The entry of the project's file whose text has this digest, or None."""
+        entry = self._scans.get(digest)
+        if type(entry) is str:
+            try:
+                entry = json.loads(entry)
+            except ValueError:
+                return None
+            if type(entry) is not dict:
+                return None
+        return entry
 
     def returns_tensor(self, name: str):
         """ "t", "b", "o" or None for a function or method name."""
@@ -405,7 +447,7 @@ class LocalIndex:
 
     def __init__(self, project_index, source: str):
         self.project = project_index
-        entry = project_index.scans.get(digest(source)) if project_index.scans else None
+        entry = project_index.scan_of(digest(source))
         self.local = ProjectIndex([entry if entry is not None else scan_source(source)])
 
     def returns_tensor(self, name):
@@ -448,20 +490,64 @@ def _user_cache_path(root: str) -> str:
     return os.path.join(base, "kvguard", f"{digest}-{CACHE_FILE}")
 
 
-def _read_cache(path: str) -> dict:
+def _read_json(path: str):
     try:
         with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
     except (OSError, ValueError):
-        return {}
+        return None
     if not isinstance(data, dict) or data.get("version") != FORMAT_VERSION:
-        return {}
-    files = data.get("files")
+        return None
+    return data
+
+
+def _read_cache(path: str) -> dict:
+    data = _read_json(path)
+    files = data.get("files") if data is not None else None
     return files if isinstance(files, dict) else {}
 
 
-def _write_cache(path: str, root: str, files: dict) -> bool:
+def _merged_path(path: str) -> str:
+    return path[: -len(CACHE_FILE)] + MERGED_FILE
+
+
+def _read_merged(path: str, stamps: dict):
+    """The index merged from exactly the files `stamps` lists, from the merged cache
+    beside `path`, or None."""
+    data = _read_json(_merged_path(path))
+    if data is None or data.get("stamps") != stamps:
+        return None
+    tables = data.get("tables")
+    if (
+        not isinstance(tables, dict)
+        or set(tables) != {"r", "p", "c", "k", "s"}
+        or not isinstance(tables["s"], dict)
+    ):
+        return None
+    try:
+        return ProjectIndex.from_tables(tables)
+    except (TypeError, ValueError):
+        return None
+
+
+def _scans(files: dict) -> dict:
+    """{digest: entry} of the entries in a cache's files."""
+    return {
+        entry[3]: entry[2]
+        for entry in files.values()
+        if type(entry) is list and len(entry) == 4 and type(entry[2]) is dict
+    }
+
+
+def _write_cache(path: str, root: str, files: dict, merged: dict = None) -> bool:
+    """Write the per-file cache at `path` (or, with `merged`, the merged one beside
+    it, `merged` holding its stamps and tables)."""
     directory = os.path.dirname(path)
+    if merged is not None:
+        path = _merged_path(path)
+        payload = {"version": FORMAT_VERSION, "root": root, **merged}
+    else:
+        payload = {"version": FORMAT_VERSION, "root": root, "files": files}
     try:
         fresh = not os.path.isdir(directory)
         os.makedirs(directory, exist_ok=True)
@@ -470,11 +556,7 @@ def _write_cache(path: str, root: str, files: dict) -> bool:
                 handle.write("# created by kvguard lint\n*\n")
         descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=".index-", suffix=".tmp")
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            json.dump(
-                {"version": FORMAT_VERSION, "root": root, "files": files},
-                handle,
-                separators=(",", ":"),
-            )
+            json.dump(payload, handle, separators=(",", ":"))
         os.replace(temporary, path)
         return True
     except OSError:
@@ -491,17 +573,13 @@ def _read_source(path: str):
 
 
 def build(root: str) -> ProjectIndex:
-    """Index a project, reusing the entries of unchanged files from the disk cache."""
+    """Index a project: the merged cache when no file changed since it was written,
+    else the per-file cache for the unchanged files, rescanning the rest."""
     paths = [_cache_path(root)]
     if not os.environ.get("KVGUARD_LINT_CACHE_DIR"):
         paths.append(_user_cache_path(root))
-    cached: dict = {}
-    for path in paths:
-        cached = _read_cache(path)
-        if cached:
-            break
-    files: dict = {}
-    changed = False
+    listed = []
+    stamps = {}
     prefix = len(os.path.join(root, ""))
     for count, (path, stat) in enumerate(project.iter_python_files(root, with_stat=True)):
         if count >= MAX_FILES:
@@ -513,7 +591,23 @@ def build(root: str) -> ProjectIndex:
             )
             break
         relative = path[prefix:]
-        stamp = [stat.st_mtime_ns, stat.st_size]
+        stamps[relative] = [stat.st_mtime_ns, stat.st_size]
+        listed.append((path, relative))
+    for path in paths:
+        found = _read_merged(path, stamps)
+        if found is not None:
+            return found
+    cached: dict = {}
+    written = paths[0]
+    for path in paths:
+        cached = _read_cache(path)
+        if cached:
+            written = path
+            break
+    files: dict = {}
+    changed = False
+    for path, relative in listed:
+        stamp = stamps[relative]
         entry = cached.get(relative)
         if (
             type(entry) is list
@@ -530,10 +624,19 @@ def build(root: str) -> ProjectIndex:
         files[relative] = stamp + [scan_source(source), digest(source)]
         changed = True
     if changed or len(files) != len(cached):
-        if not _write_cache(paths[0], root, files) and len(paths) > 1:
-            _write_cache(paths[1], root, files)
-    entries = list(files.values())
-    return ProjectIndex((entry[2] for entry in entries), {entry[3]: entry[2] for entry in entries})
+        written = None
+        for path in paths:
+            if _write_cache(path, root, files):
+                written = path
+                break
+    index = ProjectIndex((entry[2] for entry in files.values()), _scans(files))
+    if written is not None:
+        merged = {
+            "stamps": {relative: entry[:2] for relative, entry in files.items()},
+            "tables": index.tables(),
+        }
+        _write_cache(written, root, files, merged)
+    return index
 
 
 _indexes: dict = {}
@@ -543,7 +646,8 @@ def for_root(root: str) -> ProjectIndex:
     """The index of a project, built once per process."""
     found = _indexes.get(root)
     if found is None:
-        found = build(root)
+        with gc_paused():
+            found = build(root)
         _indexes[root] = found
     return found
 

@@ -882,24 +882,19 @@ class _Converter:
 
     def __init__(self, lines):
         self.lines = lines
-        # id(ast statement) -> its node, for the imports, defs and classes that
-        # `declarations` converted before the body holding them: the body reuses them.
-        self.converted = {}
 
     def declarations(self, statements, found):
         """Append to `found` the imports, defs and classes among `statements` and in
-        their compound statements' blocks (not inside defs and classes)."""
+        their compound statements' blocks (not inside defs and classes). Converting
+        the body later converts them again (no table of them is kept: it would tie
+        every node to the converter in a reference cycle)."""
         for stmt in statements:
             kind = type(stmt)
             if kind in _DECLARING:
-                node = self.converted.get(id(stmt))
-                if node is None:
-                    if kind is ast.Import or kind is ast.ImportFrom:
-                        node = self.small(stmt)
-                    else:
-                        node = self.compound(stmt)
-                    self.converted[id(stmt)] = node
-                found.append(node)
+                if kind is ast.Import or kind is ast.ImportFrom:
+                    found.append(self.small(stmt))
+                else:
+                    found.append(self.compound(stmt))
             elif kind in _COMPOUND:
                 for name in ("body", "orelse", "finalbody"):
                     self.declarations(getattr(stmt, name, None) or (), found)
@@ -948,10 +943,6 @@ class _Converter:
     # ------------------------------------------------------------ statements
 
     def compound(self, node):
-        if self.converted:
-            found = self.converted.get(id(node))
-            if found is not None:
-                return found
         return getattr(self, "stmt_" + type(node).__name__)(node)
 
     def stmt_If(self, node):
@@ -1163,8 +1154,6 @@ class _Converter:
                 column = name.end_col_offset
                 names.append(_span(NameItem(name), name))
             new = (Global if kind is ast.Global else Nonlocal)(names)
-        elif (kind is ast.Import or kind is ast.ImportFrom) and id(node) in self.converted:
-            return self.converted[id(node)]
         elif kind is ast.Import:
             new = Import([self.alias(alias) for alias in node.names])
         elif kind is ast.ImportFrom:

@@ -83,6 +83,10 @@ class Events:
     def function_end(self, scope):
         for check in self.hooks.function_end:
             check(scope.node, scope.free_calls, self.view)
+        # Done with them: a FreeCall refers to its scope, which lists it, and that cycle
+        # would keep the module's whole tree alive until the cyclic collector runs
+        # (in flake8's process, on flake8's time).
+        scope.free_calls.clear()
 
     def expression(self, checks, node, scope):
         """A call, comparison, subscript or comprehension, for the rules that read

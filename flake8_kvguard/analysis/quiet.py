@@ -146,7 +146,7 @@ class QuietBodies:
         self.names = names  # ModuleNames: complete once the walk's first pass is done
         self.index = index
         self._data = None
-        self._local_tensor_returns = None
+        self._returns = None
         self.skipped = 0  # bodies left alone so far (tests and benchmarks read it)
 
     def skips(self, function, env, class_info, self_name) -> bool:
@@ -164,27 +164,31 @@ class QuietBodies:
         data, start, end = self._data, offsets[node.lineno - 1], offsets[node.end_lineno]
         if _found(self._free, data, start, end):
             return False
-        # Either side of KVG105 may be ruled out: first by the text, the cheaper test.
-        no_containers = data.find(b"{", start, end) < 0 and not _found(
-            self._container_words, data, start, end
-        )
-        no_tensors = (
-            _TENSOR_TEXT.search(data, start, end) is None
-            and not _found(self._tensor_words, data, start, end)
-            and not self._returns_tensor(data[start:end])
-        )
-        if not (no_containers or no_tensors):
-            return False
+        # Either side of KVG105 may be ruled out, the cheaper tests first.
         method = class_info is not None and self_name is not None
-        if method and _stores_attribute(node.body, self_name):
-            return False
         attrs = class_info.attrs.values() if method else ()
-        if (no_tensors and not _reaches(env, attrs, _TENSOR_KINDS, False)) or (
-            no_containers and not _reaches(env, attrs, (SET, DICT), True)
+        stores = None
+        if data.find(b"{", start, end) < 0 and not _found(
+            self._container_words, data, start, end
         ):
-            self.skipped += 1
-            return True
-        return False
+            stores = method and _stores_attribute(node.body, self_name)
+            if stores:
+                return False
+            if not _reaches(env, attrs, (SET, DICT), True):
+                self.skipped += 1
+                return True
+        if (
+            _TENSOR_TEXT.search(data, start, end) is not None
+            or _found(self._tensor_words, data, start, end)
+            or _found(self._returns_words(), data, start, end)
+        ):
+            return False
+        if stores is None and method and _stores_attribute(node.body, self_name):
+            return False
+        if _reaches(env, attrs, _TENSOR_KINDS, False):
+            return False
+        self.skipped += 1
+        return True
 
     def _prepare(self):
         self._data = b"".join(self.lines)
@@ -201,19 +205,19 @@ class QuietBodies:
         self._tensor_words = _words(tensors)
         self._container_words = _words(containers)
 
-    def _returns_tensor(self, data) -> bool:
-        """Whether the text names a function this file or the project declares to
-        return a tensor."""
-        if self._local_tensor_returns is None:
-            self._local_tensor_returns = {
-                name for name, val in self.names.local_returns.items() if val.kind == TENSOR
+    def _returns_words(self):
+        """A pattern for the names in the module that this file or the project
+        declares to return a tensor (None when there are none)."""
+        if self._returns is None:
+            words = set(_WORD.findall(self._data.decode("utf-8", "replace")))
+            local_returns = self.names.local_returns
+            # (a view's & goes through the smaller side)
+            found = {
+                name for name in local_returns.keys() & words if local_returns[name].kind == TENSOR
             }
-        words = set(_WORD.findall(data.decode("utf-8", "replace")))
-        # (a view's isdisjoint goes through the smaller side; a set's, through its argument)
-        return not (
-            words.isdisjoint(self._local_tensor_returns)
-            and self.index.tensor_returning().isdisjoint(words)
-        )
+            found |= self.index.tensor_returning() & words
+            self._returns = [_words(found)]
+        return self._returns[0]
 
 
 def _reaches(env, attrs, kinds, made) -> bool:

@@ -114,7 +114,11 @@ def test_cache_directory_override(tmp_path, monkeypatch):
     monkeypatch.setenv("KVGUARD_LINT_CACHE_DIR", str(tmp_path / "cache"))
     assert index.build(str(root)).returns_tensor("ids") == "t"
     assert not (root / ".kvguard_cache").exists()
-    assert len(list((tmp_path / "cache").glob("*.json"))) == 1
+    written = sorted(path.name for path in (tmp_path / "cache").glob("*.json"))
+    assert len(written) == 2 and written[0].split("-", 1)[0] == written[1].split("-", 1)[0]
+    assert sorted(name.split("-", 1)[1] for name in written) == sorted(
+        [index.CACHE_FILE, index.MERGED_FILE]
+    )
 
 
 def test_find_root(tmp_path):
@@ -130,3 +134,44 @@ def test_find_root(tmp_path):
     found = project.find_root(str(wheel / "core" / "pool.py"))
     # No marker above an unpacked wheel: the outermost package is the project.
     assert found == str(wheel) or not found.startswith(str(tmp_path))
+
+
+def test_an_unchanged_project_is_read_from_the_merged_cache(tmp_path, monkeypatch):
+    """A second run in an unchanged project reads the merged index (no per-file
+    entries, no merging); any change (edit, new file, removed file) falls back to the
+    per-file cache and rescans only what changed."""
+    write_project(
+        tmp_path,
+        {
+            "a.py": "import torch\nclass Pool:\n    def free(self, ids: torch.Tensor): ...\n",
+            "b.py": "import torch\ndef ids() -> torch.Tensor: ...\n",
+        },
+    )
+    first = index.build(str(tmp_path))
+    assert (tmp_path / ".kvguard_cache" / index.MERGED_FILE).is_file()
+    read = []
+    real_read = index._read_cache
+    monkeypatch.setattr(index, "_read_cache", lambda path: read.append(path) or real_read(path))
+    scanned = []
+    real_scan = index.scan_source
+    monkeypatch.setattr(index, "scan_source", lambda text: scanned.append(text) or real_scan(text))
+    second = index.build(str(tmp_path))
+    assert read == [] and scanned == []
+    assert second.tables() == first.tables()
+    assert second.returns_tensor("ids") == "t" and second.method_takes("Pool", "free") == "t"
+
+    # The file being checked, unchanged, is not scanned again: its entry is found by
+    # the digest of its text.
+    local = index.LocalIndex(second, (tmp_path / "b.py").read_text())
+    assert scanned == [] and read == [] and local.returns_tensor("ids") == "t"
+    assert index.LocalIndex(second, (tmp_path / "a.py").read_text()).method_takes("Pool", "free")
+    assert scanned == []
+    index.LocalIndex(second, "def other() -> int: ...\n")
+    assert len(scanned) == 1 and read == []
+
+    (tmp_path / "c.py").write_text("import torch\ndef rows() -> torch.Tensor: ...\n")
+    third = index.build(str(tmp_path))
+    assert third.returns_tensor("rows") == "t" and len(scanned) == 2
+    (tmp_path / "c.py").unlink()
+    assert index.build(str(tmp_path)).returns_tensor("rows") is None
+    assert len(scanned) == 2  # a removed file: the rest comes from the per-file cache

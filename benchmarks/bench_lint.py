@@ -15,13 +15,14 @@ files) and its ragged/ package (9 files), where a fixed cost weighs most. The ta
 is <= 1.2x on every corpus.
 
 For each corpus it then says where the plugin's time goes, measured in one fresh
-process: importing the analysis (paid once as soon as any file passes the
-pre-filter), converting flake8's `ast` tree of each file that passes into the
-analysis's nodes (all but function bodies: those are converted when the analysis
-first reads them), and the analysis itself, with how many function bodies it left
-alone (analysis/quiet.py). Detection never imports libcst (only
-`kvguard lint --fix` does); the `ast.parse` of each file is flake8's own, paid with
-or without the plugin, and is shown apart.
+process: reading the project index from its cache, importing the analysis (paid
+once as soon as any file passes the pre-filter), the depth pre-scan (depth.py),
+converting flake8's `ast` tree of each file that passes into the analysis's nodes
+(all but function bodies: those are converted when the analysis first reads them),
+and the analysis itself, with how many function bodies it left alone
+(analysis/quiet.py). Detection never imports libcst (only `kvguard lint --fix`
+does); the `ast.parse` of each file is flake8's own, paid with or without the
+plugin, and is shown apart.
 
 It then prints the fixed start-up cost: the same comparison on a one-file project,
 once with a file the plugin has to analyze (a free-like method) and once with a
@@ -114,7 +115,9 @@ path, root = sys.argv[1], os.getcwd()
 files = [path] if path.endswith(".py") else sorted(glob.glob(os.path.join(path, "**", "*.py"), recursive=True))
 settings = config.DEFAULT.merged(config.project_config(root))
 prefilter = prefilter_for(settings)
+start = time.perf_counter()
 project = index.for_root(root)
+indexed = time.perf_counter() - start
 passing = []
 for name in files:
     with open(name, encoding="utf-8", errors="replace") as handle:
@@ -131,7 +134,8 @@ def skips(self, *args):
     skipped.append(_skips(self, *args))
     return skipped[-1]
 quiet.QuietBodies.skips = skips
-parse = convert = analyze = 0.0
+from flake8_kvguard import depth
+parse = convert = analyze = scan = 0.0
 found = 0
 for text in passing:
     start = time.perf_counter()
@@ -141,7 +145,12 @@ for text in passing:
         continue
     parse += time.perf_counter() - start
     start = time.perf_counter()
-    module = engine.parse(text, tree=tree)
+    deep = depth.too_deep(text, tree=tree)  # as engine.lint_source does
+    scan += time.perf_counter() - start
+    if deep is not None:
+        continue
+    start = time.perf_counter()
+    module = engine.parse(text, scanned=True, tree=tree)
     convert += time.perf_counter() - start
     if module is None:
         continue
@@ -150,7 +159,7 @@ for text in passing:
     analyze += time.perf_counter() - start
 assert "libcst" not in sys.modules
 print(f"{len(files)} {len(passing)} {found} {imported:.3f} {convert:.3f} {analyze:.3f} {parse:.3f} "
-      f"{sum(skipped)} {len(skipped)}")
+      f"{sum(skipped)} {len(skipped)} {scan:.3f} {indexed:.3f}")
 """
 
 
@@ -161,13 +170,16 @@ def breakdown(path: str, cwd: str) -> str:
     )
     if done.returncode != 0:
         return f"  breakdown failed: {done.stderr.strip().splitlines()[-1:]}"
-    files, passing, found, imported, convert, analyze, parse, skipped, defs = done.stdout.split()
+    files, passing, found, imported, convert, analyze, parse, skipped, defs, scan, indexed = (
+        done.stdout.split()
+    )
     return (
         f"  where it goes: {passing} of {files} files pass the pre-filter ({found} findings); "
-        f"import {imported} s, conversion from ast {convert} s (all but the function bodies), "
-        f"analysis {analyze} s (converting the bodies it walks); {skipped} of {defs} function "
-        f"bodies left alone (analysis/quiet.py) (no libcst; flake8's own ast.parse of those "
-        f"files: {parse} s)"
+        f"project index {indexed} s (from its cache), import {imported} s, depth pre-scan "
+        f"{scan} s, conversion from ast {convert} s (all "
+        f"but the function bodies), analysis {analyze} s (converting the bodies it walks); "
+        f"{skipped} of {defs} function bodies left alone (analysis/quiet.py) (no libcst; "
+        f"flake8's own ast.parse of those files: {parse} s)"
     )
 
 

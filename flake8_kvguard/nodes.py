@@ -42,16 +42,33 @@ class CSTNode:
         if "_fields" not in cls.__dict__:
             cls._fields = tuple(fields)
         if fields:
-            arguments = ", ".join(f"{field}=None" for field in fields)
-            body = "".join(f"\n    self.{field} = {field}" for field in fields)
-            namespace: dict = {}
-            exec(
-                f"def __init__(self, {arguments}):{body}", namespace
-            )  # as dataclasses do
-            cls.__init__ = namespace["__init__"]
+            if _UNBUILT is not None:
+                _UNBUILT.append(cls)  # built all at once below: one compile, not 150
+            else:
+                _build_constructors([cls])
 
     def __repr__(self):
         return f"{type(self).__name__}@{getattr(self, 'lineno', '?')}:{getattr(self, 'col_offset', '?')}"
+
+
+def _build_constructors(classes):
+    """`__init__(self, field=None, ...)` setting each field, for each class (as
+    dataclasses do), compiled in one piece."""
+    source = []
+    for number, cls in enumerate(classes):
+        fields = cls.__dict__["__slots__"]
+        arguments = ", ".join(f"{field}=None" for field in fields)
+        body = "".join(f"\n    self.{field} = {field}" for field in fields)
+        source.append(f"def init_{number}(self, {arguments}):{body}\n")
+    namespace: dict = {}
+    exec("".join(source), namespace)
+    for number, cls in enumerate(classes):
+        init = namespace[f"init_{number}"]
+        init.__name__ = init.__qualname__ = "__init__"
+        cls.__init__ = init
+
+
+_UNBUILT: list | None = []  # classes of this module, until their constructors are built
 
 
 class BaseExpression(CSTNode):
@@ -705,6 +722,9 @@ class Is(CSTNode):
 class IsNot(CSTNode):
     __slots__ = ()
 
+
+_build_constructors(_UNBUILT)
+_UNBUILT = None
 
 _OPERATORS = {
     ast.Add: Add,

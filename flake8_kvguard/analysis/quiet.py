@@ -77,9 +77,11 @@ REASONED_FOR = {
 }
 
 # `torch`, any `*Tensor` type, or a torch-only method after a dot (blanks, line
-# continuations and comments may stand between them inside brackets).
+# continuations and whole comments may stand between them inside brackets; a comment
+# is matched up to its line's end, one way only: `#[^\n]*` alone, repeated, could split
+# a line of many `#` in exponentially many ways).
 _TENSOR_TEXT = re.compile(
-    rb"torch|Tensor|\.(?:[\s\\]|#[^\n]*)*(?:%s)\b"
+    rb"torch|Tensor|\.(?:[\s\\]|#[^\n]*\n)*(?:%s)\b"
     % "|".join(sorted(torch_api.TORCH_ONLY_METHODS, key=len, reverse=True)).encode()
 )
 # The names that make or hash a set or dict, or annotate one (last dotted parts).

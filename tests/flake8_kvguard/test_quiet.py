@@ -418,3 +418,24 @@ def test_declarations_are_read_without_converting_the_body():
     inner = body.body[0].body.body
     assert repr(inner[0].body[0]) == repr(found[0]) and repr(inner[1]) == repr(found[1])
     assert inner[1].name.value == found[1].name.value == "g"
+
+
+def test_a_comment_full_of_hashes_after_a_dot_is_read_in_linear_time():
+    """The torch-only-method test lets comments stand between `.` and the name; a
+    pattern that could split a comment at each `#` took exponential time on a line
+    of them (an aphrodite-engine file hung the checker). Run in a subprocess so that
+    a regression fails here rather than hanging the suite."""
+    import subprocess
+    import sys
+
+    source = "def f(x):\n    return (x.  #" + "#" * 200 + "\n        items())\n"
+    script = (
+        "import sys\n"
+        "from flake8_kvguard import config, engine, index\n"
+        "text = sys.stdin.read()\n"
+        "print(len(engine.analyze(engine.parse(text), config.DEFAULT, index.EMPTY, text)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], input=source, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "0", done.stderr

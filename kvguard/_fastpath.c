@@ -359,7 +359,8 @@ recorder_put(Recorder *r, PyObject *const *fields)
     return 0;
 }
 
-/* Entry i (0 = oldest, 0 <= i < len) as a new tuple, or NULL with an error. */
+/* Entry i (0 = oldest, 0 <= i < len when called) as a new tuple; NULL with an error, or NULL
+   without one when the entry is gone (the tuple's allocation ran code that cleared it). */
 static PyObject *
 recorder_entry(Recorder *r, Py_ssize_t i)
 {
@@ -367,9 +368,8 @@ recorder_entry(Recorder *r, Py_ssize_t i)
     int j;
     if (t == NULL)
         return NULL;
-    if (i >= r->len) {  /* the allocation ran code that cleared the recorder */
+    if (i >= r->len) {
         Py_DECREF(t);
-        PyErr_SetString(PyExc_IndexError, "flight recorder index out of range");
         return NULL;
     }
     slot = r->items + ((r->start + i) % r->maxlen) * FIELDS;
@@ -447,11 +447,10 @@ recorder_length(Recorder *r)
 static PyObject *
 recorder_item(Recorder *r, Py_ssize_t i)
 {
-    if (i < 0 || i >= r->len) {
+    PyObject *t = i < 0 || i >= r->len ? NULL : recorder_entry(r, i);
+    if (t == NULL && !PyErr_Occurred())
         PyErr_SetString(PyExc_IndexError, "flight recorder index out of range");
-        return NULL;
-    }
-    return recorder_entry(r, i);
+    return t;
 }
 
 /* The entries, oldest first, as a new list of tuples: one state of the recorder. Every tuple
@@ -538,8 +537,8 @@ recorder_repr(Recorder *r)
         return rc > 0 ? PyUnicode_FromString("[...]") : NULL;
     entries = recorder_list(r);
     out = entries == NULL ? NULL
-                          : PyUnicode_FromFormat("%s(%R, maxlen=%zd)", _PyType_Name(Py_TYPE(r)),
-                                                 entries, r->maxlen);
+                          : PyUnicode_FromFormat("FlightRecorder(%R, maxlen=%zd)", entries,
+                                                 r->maxlen);
     Py_XDECREF(entries);
     Py_ReprLeave((PyObject *)r);
     return out;

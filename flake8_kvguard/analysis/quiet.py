@@ -32,8 +32,14 @@ lines (a word in a comment or a string only makes the test keep the body):
     meet (`d or {}`: displays, annotations, `.keys()`); hashing calls are `set()`,
     `frozenset()`, `Counter()` and `fromkeys()`. So no `{` in the text (displays,
     comprehensions), none of those names nor the annotations' (`Dict`, `Mapping`...)
-    nor `keys`, no name imported as one of them, and no made container bound in
-    the scopes the body can read;
+    nor `keys`, no name imported as one of them, and no set or dict value at all
+    bound in the scopes the body can read (two the code did not make, or one and a
+    `.keys()` view, join into one it did: `S or KEYS`);
+- what the text does not show: Python reads identifiers NFKC-normalized (`ｆree`
+  is `free`) and the analysis reads string annotations as the code they hold
+  (`"\\x54ensor"`, `"Ten" "sor"`), so a body with any non-ASCII byte, or with a
+  string in an annotation, is walked; a configured tensor function counts under
+  every name it is imported as;
 - the walk's state: a method's `self.x = ...` (and `for self.x in`, `with ... as
   self.x`) records what `self.x` holds for the methods after it, so a method storing
   an attribute of its own instance is walked; imports inside a body are the
@@ -81,7 +87,7 @@ REASONED_FOR = {
 # is matched up to its line's end, one way only: `#[^\n]*` alone, repeated, could split
 # a line of many `#` in exponentially many ways).
 _TENSOR_TEXT = re.compile(
-    rb"torch|Tensor|\.(?:[\s\\]|#[^\n]*\n)*(?:%s)\b"
+    rb"torch|Tensor|\.(?:[\s\\]|#[^\r\n]*[\r\n])*(?:%s)\b"
     % "|".join(sorted(torch_api.TORCH_ONLY_METHODS, key=len, reverse=True)).encode()
 )
 # The names that make or hash a set or dict, or annotate one (last dotted parts).
@@ -92,6 +98,7 @@ CONTAINER_NAMES = (
     | frozenset(("set", "frozenset", "Counter", "fromkeys", "keys"))
 )
 _WORD = re.compile(r"[A-Za-z_]\w*")
+_NON_ASCII = re.compile(rb"[\x80-\xff]")
 _WORD_BYTES = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 _TENSOR_KINDS = (TENSOR, ELEMENT, TENSORS)
@@ -166,6 +173,8 @@ class QuietBodies:
         data, start, end = self._data, offsets[node.lineno - 1], offsets[node.end_lineno]
         if _found(self._free, data, start, end):
             return False
+        if _NON_ASCII.search(data, start, end) is not None or _string_annotation(node.body):
+            return False  # the text tests read neither NFKC-equal names nor evaluated strings
         # Either side of KVG105 may be ruled out, the cheaper tests first.
         method = class_info is not None and self_name is not None
         attrs = class_info.attrs.values() if method else ()
@@ -176,7 +185,7 @@ class QuietBodies:
             stores = method and _stores_attribute(node.body, self_name)
             if stores:
                 return False
-            if not _reaches(env, attrs, (SET, DICT), True):
+            if not _reaches(env, attrs, (SET, DICT), False):
                 self.skipped += 1
                 return True
         if (
@@ -200,7 +209,7 @@ class QuietBodies:
         tensors = {name.rpartition(".")[2] for name in config.tensor_functions}
         containers = set(CONTAINER_NAMES)
         for local, full in self.names.bound:
-            if full == "torch" or full.startswith("torch."):
+            if full == "torch" or full.startswith("torch.") or full in config.tensor_functions:
                 tensors.add(local)
             if full.rpartition(".")[2] in CONTAINER_NAMES:
                 containers.add(local)
@@ -240,6 +249,43 @@ def _holds(vals, kinds, made) -> bool:
                 return True
             val = val.item
             depth += 1
+    return False
+
+
+def _string_annotation(statements) -> bool:
+    """Whether a string is part of an annotation in the statements (a variable's, a
+    nested def's parameters' or return's, a nested class's attributes'): the analysis
+    reads such a string as the code it holds, which its text need not show
+    (`"\\x54ensor"`, `"Ten" "sor"`)."""
+    stack = list(statements)
+    while stack:
+        stmt = stack.pop()
+        kind = type(stmt)
+        annotations = ()
+        if kind is ast.AnnAssign:
+            annotations = (stmt.annotation,)
+        elif kind is ast.FunctionDef or kind is ast.AsyncFunctionDef:
+            args = stmt.args
+            annotations = [
+                arg.annotation
+                for arg in (*args.posonlyargs, *args.args, args.vararg, *args.kwonlyargs,
+                            args.kwarg)
+                if arg is not None and arg.annotation is not None
+            ]
+            if stmt.returns is not None:
+                annotations.append(stmt.returns)
+        for annotation in annotations:
+            for part in ast.walk(annotation):
+                if type(part) is ast.Constant and type(part.value) is str:
+                    return True
+        for name in ("body", "orelse", "finalbody"):
+            block = getattr(stmt, name, None)
+            if type(block) is list:
+                stack.extend(block)
+        for part in getattr(stmt, "handlers", None) or ():
+            stack.extend(part.body)
+        for part in getattr(stmt, "cases", None) or ():
+            stack.extend(part.body)
     return False
 
 

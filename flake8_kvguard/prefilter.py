@@ -17,6 +17,7 @@ The test is exact with respect to the rules, not a guess: every finding needs
 from __future__ import annotations
 
 import re
+import unicodedata
 
 from . import torch_api
 
@@ -36,6 +37,24 @@ _TENSOR_WORDS = re.compile(
 _WORD = re.compile(r"[A-Za-z_]\w*")
 
 
+def spellings(text: str) -> tuple:
+    """The text, and where it has non-ASCII characters its NFKC form too: Python reads
+    identifiers NFKC-normalized (`allocator.\uff46ree(ids)` calls `free`, `\uff53et(t)`
+    is `set(t)`), the patterns read what is written. ASCII text (`isascii()` is a flag
+    read) is its own form."""
+    if text.isascii():
+        return (text,)
+    if _last[0] is text:  # the filter and the slicing ask about one file in turn
+        return _last[1]
+    normal = unicodedata.normalize("NFKC", text)
+    forms = (text,) if normal == text else (text, normal)
+    _last[:] = [text, forms]
+    return forms
+
+
+_last: list = [None, ()]
+
+
 def _after(text: str, start: int, dot_ok: bool) -> bool:
     """Whether text[start:] begins a name: not the tail of another name, and not an
     attribute unless `dot_ok` (`collections.Counter(` is, `x.set(` is not)."""
@@ -46,6 +65,10 @@ def _after(text: str, start: int, dot_ok: bool) -> bool:
 
 
 def has_container(text: str) -> bool:
+    return any(_has_container(form) for form in spellings(text))
+
+
+def _has_container(text: str) -> bool:
     for match in _CONTAINERS.finditer(text):
         start = match.start()
         word = match.group()
@@ -70,6 +93,9 @@ class Prefilter:
 
     def has_free_call(self, text: str) -> bool:
         """A call to a free-like name with an argument, or a def of one taking some."""
+        return any(self._has_free_call(form) for form in spellings(text))
+
+    def _has_free_call(self, text: str) -> bool:
         for match in self._free.finditer(text):
             start = match.start()
             if start and text[start - 1] in _WORD_CHARS:
@@ -84,7 +110,11 @@ class Prefilter:
         return False
 
     def has_tensor_hashing(self, text: str, index) -> bool:
-        if not has_container(text):
+        forms = spellings(text)
+        return any(self._has_tensor_hashing(form, index) for form in forms)
+
+    def _has_tensor_hashing(self, text: str, index) -> bool:
+        if not _has_container(text):
             return False
         if _TENSOR_WORDS.search(text):
             return True

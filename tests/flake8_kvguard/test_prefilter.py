@@ -26,6 +26,8 @@ PREFILTER = Prefilter(config.DEFAULT)
         ("def free(self, blocks):", True),
         ("my_free(ids)", False),
         ("freed(ids)", False),
+        ("allocator.\uff46ree(ids)", True),  # Python reads the name NFKC-normalized: free
+        ("allocator.\uff46reed(ids)", False),
     ],
 )
 def test_free_calls(text, wanted):
@@ -47,6 +49,8 @@ def test_free_calls(text, wanted):
         ("d = {}", False),
         ("x: Dict[int, int]", False),
         ('f"{x}" for y in z', False),
+        ("s = \uff53et(x)", True),
+        ("# \u00fcber: reset(x)", False),
     ],
 )
 def test_containers(text, wanted):
@@ -190,3 +194,24 @@ def test_slicing_keeps_whole_files_when_needed(source):
     from flake8_kvguard import slicing
 
     assert slicing.reduce(source) is None
+
+
+@pytest.mark.parametrize(
+    "source, code",
+    [
+        ("def abort(allocator, ids):\n    allocator.\uff46ree(ids)\n    allocator.\uff46ree(ids)\n",
+         "KVG104"),
+        ("import torch\ndef unique_blocks(t: torch.Tensor) -> int:\n    return len(\uff53et(t))\n",
+         "KVG105"),
+        ("import torch\ndef unique_blocks(n) -> int:\n    return len(set(\uff54orch.arange(n)))\n",
+         "KVG105"),
+    ],
+)
+def test_names_written_in_another_unicode_form_pass_the_filter(source, code):
+    """Python reads identifiers NFKC-normalized, so `\uff46ree` is `free`: the filter reads
+    the normalized text too, and never hides a finding such a name makes."""
+    found = engine.lint_source(source, config.DEFAULT, index.EMPTY)
+    assert code in {f.message.split()[0] for f in found}
+    unfiltered = engine.lint_source(source, config.DEFAULT, index.EMPTY, use_prefilter=False)
+    assert [(f.line, f.col, f.message) for f in found] == [
+        (f.line, f.col, f.message) for f in unfiltered]

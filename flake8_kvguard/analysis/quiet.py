@@ -257,13 +257,10 @@ def _string_annotation(statements) -> bool:
     nested def's parameters' or return's, a nested class's attributes'): the analysis
     reads such a string as the code it holds, which its text need not show
     (`"\\x54ensor"`, `"Ten" "sor"`)."""
-    stack = list(statements)
-    while stack:
-        stmt = stack.pop()
+    for stmt in _statements(statements, into_scopes=True):
         kind = type(stmt)
-        annotations = ()
         if kind is ast.AnnAssign:
-            annotations = (stmt.annotation,)
+            annotations = [stmt.annotation]
         elif kind is ast.FunctionDef or kind is ast.AsyncFunctionDef:
             args = stmt.args
             annotations = [
@@ -274,18 +271,12 @@ def _string_annotation(statements) -> bool:
             ]
             if stmt.returns is not None:
                 annotations.append(stmt.returns)
+        else:
+            continue
         for annotation in annotations:
             for part in ast.walk(annotation):
                 if type(part) is ast.Constant and type(part.value) is str:
                     return True
-        for name in ("body", "orelse", "finalbody"):
-            block = getattr(stmt, name, None)
-            if type(block) is list:
-                stack.extend(block)
-        for part in getattr(stmt, "handlers", None) or ():
-            stack.extend(part.body)
-        for part in getattr(stmt, "cases", None) or ():
-            stack.extend(part.body)
     return False
 
 
@@ -293,12 +284,8 @@ def _stores_attribute(statements, owner) -> bool:
     """Whether the statements (not inside nested defs, classes or lambdas) store to
     `owner.<attribute>`: as an assignment's target, an annotated target, a for loop's
     target or a with statement's `as` target, alone or unpacked."""
-    stack = list(statements)
-    while stack:
-        stmt = stack.pop()
+    for stmt in _statements(statements, into_scopes=False):
         kind = type(stmt)
-        if kind in _SCOPES:
-            continue
         if kind is ast.Assign:
             targets = stmt.targets
         elif kind is ast.AnnAssign or kind is ast.For or kind is ast.AsyncFor:
@@ -306,10 +293,22 @@ def _stores_attribute(statements, owner) -> bool:
         elif kind is ast.With or kind is ast.AsyncWith:
             targets = [item.optional_vars for item in stmt.items if item.optional_vars]
         else:
-            targets = ()
+            continue
         for target in targets:
             if _stores(target, owner):
                 return True
+    return False
+
+
+def _statements(statements, into_scopes):
+    """The statements and every statement in the blocks they hold (in nested defs and
+    classes only with `into_scopes`), in no particular order."""
+    stack = list(statements)
+    while stack:
+        stmt = stack.pop()
+        if not into_scopes and type(stmt) in _SCOPES:
+            continue
+        yield stmt
         for name in ("body", "orelse", "finalbody"):
             block = getattr(stmt, name, None)
             if type(block) is list:
@@ -318,7 +317,6 @@ def _stores_attribute(statements, owner) -> bool:
             stack.extend(part.body)
         for part in getattr(stmt, "cases", None) or ():
             stack.extend(part.body)
-    return False
 
 
 def _stores(target, owner) -> bool:

@@ -2830,33 +2830,12 @@ PyInit__fastpath(void)
         return NULL;
     }
     Py_DECREF(array_mod);
-    if (PyType_Ready(&Wrapper_Type) < 0 || PyType_Ready(&GuardLock_Type) < 0 ||
-        PyType_Ready(&Counters_Type) < 0 || PyType_Ready(&Recorder_Type) < 0)
-        return NULL;
     m = PyModule_Create(&fastpath_module);
     if (m == NULL)
         return NULL;
-    Py_INCREF(&Wrapper_Type);
-    if (PyModule_AddObject(m, "Wrapper", (PyObject *)&Wrapper_Type) < 0) {
-        Py_DECREF(&Wrapper_Type);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&GuardLock_Type);
-    if (PyModule_AddObject(m, "GuardLock", (PyObject *)&GuardLock_Type) < 0) {
-        Py_DECREF(&GuardLock_Type);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&Counters_Type);
-    if (PyModule_AddObject(m, "Counters", (PyObject *)&Counters_Type) < 0) {
-        Py_DECREF(&Counters_Type);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&Recorder_Type);
-    if (PyModule_AddObject(m, "FlightRecorder", (PyObject *)&Recorder_Type) < 0) {
-        Py_DECREF(&Recorder_Type);
+    /* each type readied and added under the last part of its tp_name */
+    if (PyModule_AddType(m, &Wrapper_Type) < 0 || PyModule_AddType(m, &GuardLock_Type) < 0 ||
+        PyModule_AddType(m, &Counters_Type) < 0 || PyModule_AddType(m, &Recorder_Type) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -173,8 +173,6 @@ class QuietBodies:
         data, start, end = self._data, offsets[node.lineno - 1], offsets[node.end_lineno]
         if _found(self._free, data, start, end):
             return False
-        if _NON_ASCII.search(data, start, end) is not None or _string_annotation(node.body):
-            return False  # the text tests read neither NFKC-equal names nor evaluated strings
         # Either side of KVG105 may be ruled out, the cheaper tests first.
         method = class_info is not None and self_name is not None
         attrs = class_info.attrs.values() if method else ()
@@ -186,8 +184,7 @@ class QuietBodies:
             if stores:
                 return False
             if not _reaches(env, attrs, (SET, DICT), False):
-                self.skipped += 1
-                return True
+                return self._skip(node, data, start, end)
         if (
             _TENSOR_TEXT.search(data, start, end) is not None
             or _found(self._tensor_words, data, start, end)
@@ -197,6 +194,14 @@ class QuietBodies:
         if stores is None and method and _stores_attribute(node.body, self_name):
             return False
         if _reaches(env, attrs, _TENSOR_KINDS, False):
+            return False
+        return self._skip(node, data, start, end)
+
+    def _skip(self, node, data, start, end) -> bool:
+        """Leave the body alone, which the text tests allow, unless it holds what its text
+        does not show: they read neither NFKC-equal names nor the strings annotations
+        hold (asked only here, so bodies walked anyway are never searched for them)."""
+        if _NON_ASCII.search(data, start, end) is not None or _string_annotation(node.body):
             return False
         self.skipped += 1
         return True

@@ -54,6 +54,16 @@ def in_thread(fn, *args):
     return out["value"]
 
 
+def in_threads(fn, n):
+    """fn() run in n threads at once, all finished (within 30 s each)."""
+    threads = [threading.Thread(target=fn) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads)
+
+
 class Holder:
     """Another thread holding ``lock`` until ``done()``."""
 
@@ -167,12 +177,7 @@ def test_threads_contending_each_get_it_in_turn(lock_type):
             if not lock.acquire(timeout=5):
                 raise AssertionError("timed out")
             lock.release()
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert not any(t.is_alive() for t in threads)
+    in_threads(work, 4)
     assert box["n"] == 1200 and not lock._is_owned()
 
 
@@ -385,12 +390,7 @@ def test_threads_allocating_and_freeing_through_the_wrappers_under_either_lock(
     def work():
         for _ in range(300):
             pool.free(pool.allocate())
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert not any(t.is_alive() for t in threads)
+    in_threads(work, 4)
     assert (g.stats.alloc_calls, g.stats.free_calls) == (1200, 1200)
     assert not g.violations and not g.live and len(pool.free_ids) == 8
 

@@ -17,10 +17,8 @@ setup.cfg / tox.ini / .flake8 at the project root, so `flake8 --select KVG` and
 from __future__ import annotations
 
 import configparser
-import difflib
 import os
 import re
-from dataclasses import dataclass
 
 DEFAULT_FREE_NAMES = frozenset(
     ("free", "free_blocks", "free_block", "release", "release_blocks", "deallocate")
@@ -42,11 +40,46 @@ class ConfigError(Exception):
     """A setting that cannot be used; the message is one line for the user."""
 
 
-@dataclass(frozen=True)
 class Config:
-    free_names: frozenset = DEFAULT_FREE_NAMES
-    tensor_functions: frozenset = frozenset()
-    tensor_native: frozenset = frozenset()
+    """One project's settings: immutable, equal and hashable by value. A plain class
+    rather than a dataclass: flake8 imports this module on every run, and a dataclass
+    compiles its generated methods at import."""
+
+    __slots__ = ("free_names", "tensor_functions", "tensor_native")
+
+    def __init__(
+        self,
+        free_names: frozenset = DEFAULT_FREE_NAMES,
+        tensor_functions: frozenset = frozenset(),
+        tensor_native: frozenset = frozenset(),
+    ):
+        set_field = object.__setattr__
+        set_field(self, "free_names", free_names)
+        set_field(self, "tensor_functions", tensor_functions)
+        set_field(self, "tensor_native", tensor_native)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"Config is immutable: cannot set {name!r}")
+
+    def __delattr__(self, name):
+        raise AttributeError(f"Config is immutable: cannot delete {name!r}")
+
+    def _fields(self) -> tuple:
+        return (self.free_names, self.tensor_functions, self.tensor_native)
+
+    def __eq__(self, other):
+        if type(other) is not Config:
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __hash__(self):
+        return hash(self._fields())
+
+    def __repr__(self):
+        return (
+            f"Config(free_names={self.free_names!r}, tensor_functions="
+            f"{self.tensor_functions!r}, tensor_native={self.tensor_native!r})"
+        )
 
     def merged(self, other: "Config") -> "Config":
         return Config(
@@ -82,6 +115,8 @@ def split_names(value, where: str) -> frozenset:
 
 def unknown_setting(key: str, normalized: str, where: str) -> str:
     """The warning for a key that looks like ours but is no setting (a typo, most likely)."""
+    import difflib  # only for this warning: flake8 imports this module on every run
+
     close = difflib.get_close_matches(normalized, SETTINGS, n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
     return (f"{where}: unknown setting {key!r} is ignored ({hint}known: "

@@ -5,24 +5,26 @@ defined in another file and annotated `-> torch.Tensor`. flake8 checks one file 
 time, in several processes, so the index is built from the whole project once,
 kept on disk keyed by each file's mtime and size, and read back by every process.
 
-Building it does not parse anything: a textual scan finds each `def`, its return
-annotation and the annotation of its first parameter after `self`, each `class` with
-its bases and methods, and, for a method whose ids parameter has no annotation,
-whether its body treats the ids as a tensor (`ids.long()`, `ids.numel()`,
-`torch.cat((free, ids))`, `torch.unique(ids)`): such a method takes tensors.
+Building it does not parse anything: a textual scan of each file (indexscan.py)
+finds its functions' return annotations, the classes with their bases and what
+their methods take. A run in a project where nothing changed reads the merged cache
+and only the parts of it that the files it checks ask for (CachedIndex).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
-import re
 import tempfile
 
-from . import project, torch_api
+from . import project
 from .collector import gc_paused
+
+try:  # `hashlib` loads OpenSSL's bindings first, a few ms of every flake8 run
+    from _blake2 import blake2b
+except ImportError:  # a Python built without it
+    from hashlib import blake2b
 
 LOG = logging.getLogger("flake8.kvguard")
 
@@ -32,8 +34,8 @@ CACHE_FILE = "lint-index.json"
 # Beside it: the merged index with the stamps of the files it was merged from, so that
 # a run in an unchanged project reads neither every file's entry nor merges them.
 MERGED_FILE = "lint-index-merged.json"
+MERGED_VERSION = 5  # 5: lines (CachedIndex), methods by name, scans by digest
 MAX_FILES = 50_000  # a "project" bigger than this is a home directory, not a project
-MAX_SIGNATURE = 4_000  # characters scanned for one signature
 
 # Kinds of annotation, as stored in the index.
 TENSOR = "t"
@@ -41,293 +43,34 @@ BOOL_TENSOR = "b"
 OPTIONAL_TENSOR = "o"
 OTHER = "n"
 
-_DEF = re.compile(r"^[ \t]*(?:async[ \t]+)?def[ \t]+(\w+)[ \t]*(?:\[[^\]\n]*\])?[ \t]*\(", re.M)
-_CLASS = re.compile(r"^([ \t]*)class[ \t]+(\w+)[ \t]*(?:\[[^\]\n]*\])?[ \t]*(?:\(([^)]*)\))?[ \t]*:", re.M)
-_STATEMENT_START = re.compile(r"^([ \t]*)(?=[^ \t\n#])", re.M)
-# What a body does with a parameter only if it is a tensor. `torch.tensor(ids)` is
-# not among them: it makes a tensor out of a list.
-_TENSOR_ONLY_METHODS = torch_api.TORCH_ONLY_METHODS | frozenset(("numel", "clone"))
-_TENSOR_OPS = frozenset(
-    "cat concat concatenate stack hstack vstack unique unique_consecutive isin "
-    "index_select masked_select cumsum bincount searchsorted argsort".split()
-)
-_TORCH_CALL = re.compile(r"\btorch\.(\w+)\(")
-_TENSOR_NAME = (
-    r"(?:torch\.(?:cuda\.)?)?"
-    r"(?:Tensor|LongTensor|IntTensor|ShortTensor|ByteTensor|CharTensor|BoolTensor)"
-)
-_TENSOR = re.compile(rf"^{_TENSOR_NAME}$")
-_DTYPED = re.compile(
-    rf"^(?:\w+\.)?(?P<dtype>Int\d*|UInt8|Integer|Shaped|Num|Bool|Float|Real)\[{_TENSOR_NAME},"
-)
-_OPTIONAL = re.compile(
-    r"^(?:(?:typing\.)?Optional\[(?P<a>[^\[\]]+)\]|(?P<b>[\w.]+)\|None|None\|(?P<c>[\w.]+))$"
-)
-_OPEN = "([{"
-_CLOSE = ")]}"
-
-
-def classify_annotation(text: str) -> str:
-    """The kind of a return or parameter annotation, from its source text."""
-    text = re.sub(r"\s+", "", text)
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        text = text[1:-1]
-    if _TENSOR.match(text):
-        return BOOL_TENSOR if text.endswith("BoolTensor") else TENSOR
-    dtyped = _DTYPED.match(text)
-    if dtyped:
-        return BOOL_TENSOR if dtyped.group("dtype") == "Bool" else TENSOR
-    optional = _OPTIONAL.match(text)
-    if optional:
-        inner = optional.group("a") or optional.group("b") or optional.group("c")
-        if _TENSOR.match(inner):
-            return OPTIONAL_TENSOR
-    return OTHER
-
-
-def _skip_string(source: str, i: int, end: int) -> int:
-    quote = source[i]
-    triple = source.startswith(quote * 3, i)
-    if triple:
-        close = source.find(quote * 3, i + 3, end)
-        return end if close < 0 else close + 3
-    i += 1
-    while i < end:
-        char = source[i]
-        if char == "\\":
-            i += 2
-            continue
-        if char == quote or char == "\n":
-            return i + 1
-        i += 1
-    return end
-
-
-def _signature(source: str, start: int):
-    """(parameters text, return annotation text or None) of the def whose `(` is at
-    source[start - 1]; None when the signature cannot be read."""
-    end = min(len(source), start + MAX_SIGNATURE)
-    depth = 1
-    i = start
-    while i < end and depth:
-        char = source[i]
-        if char in "'\"":
-            i = _skip_string(source, i, end)
-            continue
-        if char == "#":
-            newline = source.find("\n", i, end)
-            i = end if newline < 0 else newline
-            continue
-        if char in _OPEN:
-            depth += 1
-        elif char in _CLOSE:
-            depth -= 1
-        i += 1
-    if depth:
-        return None
-    params = source[start : i - 1]
-    j = i
-    while j < end and source[j] in " \t\\\n":
-        j += 1
-    if not source.startswith("->", j):
-        return params, None
-    j += 2
-    k = j
-    depth = 0
-    while k < end:
-        char = source[k]
-        if char in "'\"":
-            k = _skip_string(source, k, end)
-            continue
-        if char in _OPEN:
-            depth += 1
-        elif char in _CLOSE:
-            depth -= 1
-        elif char == ":" and depth == 0:
-            return params, source[j:k]
-        k += 1
-    return None
-
-
-def _split_top_level(text: str, separator: str):
-    parts, depth, current, i = [], 0, [], 0
-    while i < len(text):
-        char = text[i]
-        if char in "'\"":
-            stop = _skip_string(text, i, len(text))
-            current.append(text[i:stop])
-            i = stop
-            continue
-        if char in _OPEN:
-            depth += 1
-        elif char in _CLOSE:
-            depth -= 1
-        if char == separator and depth == 0:
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(char)
-        i += 1
-    parts.append("".join(current))
-    return parts
-
-
-def _first_id_parameter(params: str, is_method: bool):
-    """(name, annotation text or None) of the first parameter that receives ids."""
-    for param in _split_top_level(params, ","):
-        param = param.strip()
-        if not param or param in ("/", "*") or param.startswith("*"):
-            continue
-        name, _, annotation = param.partition(":")
-        name = name.split("=")[0].strip()
-        if is_method and name in ("self", "cls"):
-            continue
-        if not annotation:
-            return name, None
-        return name, _split_top_level(annotation, "=")[0]
-    return None, None
-
-
-def _first_id_parameter_kind(params: str, is_method: bool):
-    """Kind of the annotation of the first parameter that receives ids."""
-    _, annotation = _first_id_parameter(params, is_method)
-    return None if annotation is None else classify_annotation(annotation)
-
-
-_TENSOR_WORD = re.compile(r"\bTensor\b|\bLongTensor\b|\bIntTensor\b")
-
-
-def _says_nothing(annotation: str) -> bool:
-    """`Any`, `object` and the like: an annotation that leaves the kind open."""
-    text = re.sub(r"\s+", "", annotation).strip("'\"")
-    return text in ("Any", "typing.Any", "object", "t.Any")
-
-
-def _body_end(source: str, start: int, indent: int) -> int:
-    """Where the body of a def whose header ends at `start` ends: the next statement
-    indented no deeper than the def (a docstring line at column 0 ends it early,
-    which only loses evidence)."""
-    for match in _STATEMENT_START.finditer(source, start):
-        if match.start() == start:
-            continue
-        if len(match.group(1)) <= indent:
-            return match.start()
-    return len(source)
-
-
-def uses_as_tensor(body: str, name: str) -> bool:
-    """Whether a function body treats `name` as a torch tensor."""
-    if not re.match(r"^\w+$", name):
-        return False
-    for method in re.finditer(rf"(?<![\w.]){name}\s*\.\s*(\w+)\s*\(", body):
-        if method.group(1) in _TENSOR_ONLY_METHODS:
-            return True
-    mentions = re.compile(rf"\s*\(?[^()]*(?<![\w.]){name}\b")
-    for call in _TORCH_CALL.finditer(body):
-        if call.group(1) in _TENSOR_OPS and mentions.match(body, call.end()):
-            return True
-    return False
-
-
-def _annotation_class(text: str):
-    """The class an annotation names (`Pool`, `"Pool"`, `Optional[mod.Pool]`), or None."""
-    text = re.sub(r"\s+", "", text).strip("'\"")
-    optional = _OPTIONAL.match(text)
-    if optional:
-        text = optional.group("a") or optional.group("b") or optional.group("c")
-    if not re.match(r"^[\w.]+$", text):
-        return None
-    last = text.rpartition(".")[2]
-    return last if last[:1].isupper() and last != "None" else None
+def digest(source: str) -> str:
+    """What identifies a file's text: equal digests, equal scans."""
+    return blake2b(source.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
 def scan_source(source: str) -> dict:
-    """Index entries of one file: {"r": {name: kinds}, "p": [names], "c": {class:
-    {"b": [bases], "m": {method: "t" or "n"}}}, "k": {function: class}}.
+    """Index entries of one file (indexscan.py, imported the first time a file has to
+    be scanned)."""
+    from . import indexscan
 
-    "r" maps each function annotated with a return type to the kinds of its return
-    annotations ("t" tensor, "b" bool tensor, "o" optional tensor, "n" other).
-    "p" lists the functions whose first id parameter takes a tensor (annotated so, or
-    used as one in the body). "c" gives each class its bases and, per method, "t" when
-    its ids parameter takes tensors and "n" when it is annotated as something else.
-    "k" maps functions annotated to return an instance of a class to that class.
-    """
-    returns: dict = {}
-    tensor_params = set()
-    classes: dict = {}
-    factories: dict = {}
-    scopes = []  # (indent, class name or None for a def), innermost last
-    events = [(m.start(), "c", m) for m in _CLASS.finditer(source)]
-    events += [(m.start(), "d", m) for m in _DEF.finditer(source)]
-    events.sort(key=lambda event: event[0])
-    for position, kind, match in events:
-        header = match.group(0)
-        indent = len(header) - len(header.lstrip(" \t"))
-        while scopes and scopes[-1][0] >= indent:
-            scopes.pop()
-        if kind == "c":
-            name = match.group(2)
-            bases = [
-                base.strip().rpartition(".")[2]
-                for base in (match.group(3) or "").split(",")
-                if base.strip() and "=" not in base
-            ]
-            classes.setdefault(name, {"b": bases, "m": {}})
-            scopes.append((indent, name))
-            continue
-        owner = scopes[-1][1] if scopes else None
-        scopes.append((indent, None))
-        signature = _signature(source, match.end())
-        if signature is None:
-            continue
-        params, annotation = signature
-        name = match.group(1)
-        if annotation is not None:
-            kind_found = classify_annotation(annotation)
-            kinds = returns.get(name, "")
-            if kind_found not in kinds:
-                returns[name] = kinds + kind_found
-            returned = _annotation_class(annotation)
-            if returned is not None and kind_found == OTHER:
-                factories[name] = returned if factories.get(name, returned) == returned else ""
-        is_method = match.group(0)[:1] in " \t"
-        param, param_annotation = _first_id_parameter(params, is_method)
-        takes = None
-        if param_annotation is not None and _says_nothing(param_annotation):
-            param_annotation = None  # `ids: Any`: the body decides
-        if param_annotation is not None:
-            found = classify_annotation(param_annotation)
-            takes = "t" if found in (TENSOR, BOOL_TENSOR, OPTIONAL_TENSOR) else "n"
-            if takes == "n" and _TENSOR_WORD.search(param_annotation):
-                takes = "t"  # Union[torch.Tensor, List[int]] takes tensors too
-        if param_annotation is None and param is not None:
-            header_end = source.find(":", match.end() + len(params))
-            body = source[header_end : _body_end(source, header_end, indent)]
-            if uses_as_tensor(body, param):
-                takes = "t"
-        if takes == "t":
-            tensor_params.add(name)
-        if owner is not None and takes is not None:
-            classes[owner]["m"][name] = takes
-    factories = {name: cls for name, cls in factories.items() if cls}
-    return {"r": returns, "p": sorted(tensor_params), "c": classes, "k": factories}
-
-
-def digest(source: str) -> str:
-    """What identifies a file's text: equal digests, equal scans."""
-    return hashlib.blake2b(source.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+    return indexscan.scan_source(source)
 
 
 class ProjectIndex:
     """What the index says, merged over the files of one project. `scans` maps the
     digest of each file's text to its entry, so that the file being checked need not
-    be scanned again when it is as the index saw it."""
+    be scanned again when it is as the index saw it.
+
+    Classes are kept as two tables: each class's bases, and for each method name the
+    classes that define it with what they take. Only free-like method names are ever
+    looked up, so the merged cache can keep the second table unparsed (CachedIndex)."""
 
     def __init__(self, entries=(), scans=None):
-        self._scans = scans or {}  # digest -> entry, or its JSON text (from_tables)
+        self._scans = scans or {}  # digest -> entry
         kinds: dict = {}
         tensor_params = set()
-        classes: dict = {}
+        bases: dict = {}
+        methods: dict = {}
         factories: dict = {}
         for entry in entries:
             for name, found in entry["r"].items():
@@ -335,18 +78,19 @@ class ProjectIndex:
             tensor_params.update(entry["p"])
             for name, info in entry.get("c", {}).items():
                 # Two classes of one name: keep what they agree on.
-                known = classes.get(name)
-                if known is None:
-                    classes[name] = {"b": list(info["b"]), "m": dict(info["m"])}
-                else:
-                    known["b"] = [base for base in known["b"] if base in info["b"]]
-                    for method, takes in info["m"].items():
-                        if known["m"].get(method, takes) != takes:
-                            takes = "?"
-                        known["m"][method] = takes
+                known = bases.get(name)
+                bases[name] = (
+                    list(info["b"]) if known is None else [b for b in known if b in info["b"]]
+                )
+                for method, takes in info["m"].items():
+                    classes = methods.setdefault(method, {})
+                    if classes.get(name, takes) != takes:
+                        takes = "?"
+                    classes[name] = takes
             for name, cls in entry.get("k", {}).items():
                 factories[name] = cls if factories.get(name, cls) == cls else ""
-        self.classes = classes
+        self.bases = bases
+        self._methods = methods
         self.factories = {name: cls for name, cls in factories.items() if cls}
         self.returns = {}
         for name, found in kinds.items():
@@ -362,42 +106,30 @@ class ProjectIndex:
         self.tensor_params = frozenset(tensor_params)
 
     def tables(self) -> dict:
-        """What `from_tables` rebuilds the index from (JSON-ready): each file's entry
-        is kept as JSON text, parsed only for a file being checked (text is not
-        something the cyclic collector has to walk through)."""
+        """Everything the index holds, JSON-ready (what the merged cache is written
+        from)."""
         return {
             "r": self.returns,
             "p": sorted(self.tensor_params),
-            "c": self.classes,
+            "b": self.bases,
+            "m": {method: self.defined_by(method) for method in self.method_names()},
             "k": self.factories,
-            "s": {
-                digest: entry if type(entry) is str else json.dumps(entry, separators=(",", ":"))
-                for digest, entry in self._scans.items()
-            },
+            "s": {digest: self.scan_of(digest) for digest in self.scan_digests()},
         }
 
-    @classmethod
-    def from_tables(cls, tables):
-        """The index `tables()` describes."""
-        index = cls()
-        index.returns = tables["r"]
-        index.tensor_params = frozenset(tables["p"])
-        index.classes = tables["c"]
-        index.factories = tables["k"]
-        index._scans = tables["s"]
-        return index
+    def method_names(self):
+        return list(self._methods)
+
+    def scan_digests(self):
+        return list(self._scans)
+
+    def defined_by(self, method: str) -> dict:
+        """{class: what its `method` takes} for the classes that define it."""
+        return self._methods.get(method, {})
 
     def scan_of(self, digest: str):
         """The entry of the project's file whose text has this digest, or None."""
-        entry = self._scans.get(digest)
-        if type(entry) is str:
-            try:
-                entry = json.loads(entry)
-            except ValueError:
-                return None
-            if type(entry) is not dict:
-                return None
-        return entry
+        return self._scans.get(digest)
 
     def returns_tensor(self, name: str):
         """ "t", "b", "o" or None for a function or method name."""
@@ -413,7 +145,7 @@ class ProjectIndex:
         return name in self.tensor_params
 
     def is_class(self, name: str) -> bool:
-        return name in self.classes
+        return name in self.bases
 
     def factory_class(self, name: str):
         """The class a function is annotated to return an instance of, or None."""
@@ -423,6 +155,7 @@ class ProjectIndex:
         """ "t" when `cls.method` takes ids as a tensor, "n" when it is annotated to take
         something else, None when unknown (no such class or method, or an ambiguous one);
         methods are looked up through the bases the index knows."""
+        defined = self.defined_by(method)
         seen = set()
         queue = [cls]
         while queue:
@@ -430,14 +163,70 @@ class ProjectIndex:
             if current in seen or len(seen) > 20:
                 continue
             seen.add(current)
-            info = self.classes.get(current)
-            if info is None:
+            found = self.bases.get(current)
+            if found is None:
                 return None  # a base outside the project may define it
-            takes = info["m"].get(method)
+            takes = defined.get(current)
             if takes is not None:
                 return takes if takes != "?" else None
-            queue.extend(info["b"])
+            queue.extend(found)
         return None
+
+
+class CachedIndex(ProjectIndex):
+    """The index as the merged cache holds it (`write_merged`): a first line with the
+    tables every checked file consults (returned kinds, tensor-taking names,
+    factories, the bases of each class), then one line per method name with the
+    classes that define it, and one line per file with its scan, keyed by the digest
+    of its text. Those lines are read only when asked for, by searching the bytes for
+    their key: a run reads the few free-like method names and the scans of the files
+    it checks, not the whole project's (on SGLang's 4,700 files, 0.05 s of JSON)."""
+
+    def __init__(self, tables: dict, data: bytes):
+        super().__init__()
+        self.returns = tables["r"]
+        self.tensor_params = frozenset(tables["p"])
+        self.bases = tables["b"]
+        self.factories = tables["k"]
+        self._data = data
+
+    def _line(self, kind: bytes, key: str):
+        """The JSON value on the line `kind key value`, or None."""
+        prefix = b"\n" + kind + b" " + key.encode("utf-8", "surrogatepass") + b" "
+        start = self._data.find(prefix)
+        if start < 0:
+            return None
+        start += len(prefix)
+        end = self._data.find(b"\n", start)
+        try:
+            value = json.loads(self._data[start : end if end >= 0 else len(self._data)])
+        except ValueError:
+            return None
+        return value if type(value) is dict else None
+
+    def defined_by(self, method: str) -> dict:
+        found = self._methods.get(method)
+        if found is None:
+            found = self._line(b"m", method) or {}
+            self._methods[method] = found
+        return found
+
+    def scan_of(self, digest: str):
+        return self._line(b"s", digest)
+
+    def _keys(self, kind: bytes):
+        prefix = b"\n" + kind + b" "
+        return [
+            line[2 : line.index(b" ", 2)].decode("utf-8", "surrogatepass")
+            for line in self._data.split(b"\n")
+            if line.startswith(prefix[1:])
+        ]
+
+    def method_names(self):
+        return self._keys(b"m")
+
+    def scan_digests(self):
+        return self._keys(b"s")
 
 
 class LocalIndex:
@@ -476,18 +265,32 @@ class LocalIndex:
 EMPTY = ProjectIndex()
 
 
+def _root_name(root: str) -> str:
+    """The prefix of a project's cache files in a shared directory."""
+    import hashlib  # not at module level: it loads OpenSSL's bindings, and most runs keep
+    # their cache in the project
+
+    return hashlib.sha1(root.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
 def _cache_path(root: str) -> str:
     override = os.environ.get("KVGUARD_LINT_CACHE_DIR")
     if override:
-        digest = hashlib.sha1(root.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-        return os.path.join(override, f"{digest}-{CACHE_FILE}")
+        return os.path.join(override, f"{_root_name(root)}-{CACHE_FILE}")
     return os.path.join(root, CACHE_DIR_NAME, CACHE_FILE)
 
 
 def _user_cache_path(root: str) -> str:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    digest = hashlib.sha1(root.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    return os.path.join(base, "kvguard", f"{digest}-{CACHE_FILE}")
+    return os.path.join(base, "kvguard", f"{_root_name(root)}-{CACHE_FILE}")
+
+
+def _cache_paths(root: str):
+    """Where the project's cache may be, in order (the second only when the first is
+    not writable); computed as they are tried."""
+    yield _cache_path(root)
+    if not os.environ.get("KVGUARD_LINT_CACHE_DIR"):
+        yield _user_cache_path(root)
 
 
 def _read_json(path: str):
@@ -513,21 +316,42 @@ def _merged_path(path: str) -> str:
 
 def _read_merged(path: str, stamps: dict):
     """The index merged from exactly the files `stamps` lists, from the merged cache
-    beside `path`, or None."""
-    data = _read_json(_merged_path(path))
-    if data is None or data.get("stamps") != stamps:
+    beside `path` (CachedIndex), or None."""
+    try:
+        with open(_merged_path(path), "rb") as handle:
+            data = handle.read()
+        header = json.loads(data[: data.find(b"\n")] if b"\n" in data else data)
+    except (OSError, ValueError):
         return None
-    tables = data.get("tables")
     if (
-        not isinstance(tables, dict)
-        or set(tables) != {"r", "p", "c", "k", "s"}
-        or not isinstance(tables["s"], dict)
+        not isinstance(header, dict)
+        or header.get("version") != MERGED_VERSION
+        or header.get("stamps") != stamps
     ):
         return None
-    try:
-        return ProjectIndex.from_tables(tables)
-    except (TypeError, ValueError):
+    tables = header.get("tables")
+    if (
+        not isinstance(tables, dict)
+        or set(tables) != {"r", "p", "b", "k"}
+        or not all(isinstance(table, dict) for table in (tables["r"], tables["b"], tables["k"]))
+        or not isinstance(tables["p"], list)
+    ):
         return None
+    return CachedIndex(tables, data)
+
+
+def _merged_lines(root: str, stamps: dict, index: ProjectIndex):
+    """The merged cache's text, line by line (CachedIndex reads it)."""
+    tables = index.tables()
+    header = {key: tables[key] for key in ("r", "p", "b", "k")}
+    dump = json.dumps
+    yield dump(
+        {"version": MERGED_VERSION, "root": root, "stamps": stamps, "tables": header},
+        separators=(",", ":"),
+    )
+    for kind in ("m", "s"):
+        for key, value in tables[kind].items():
+            yield f"{kind} {key} {dump(value, separators=(',', ':'))}"
 
 
 def _scans(files: dict) -> dict:
@@ -539,13 +363,12 @@ def _scans(files: dict) -> dict:
     }
 
 
-def _write_cache(path: str, root: str, files: dict, merged: dict = None) -> bool:
+def _write_cache(path: str, root: str, files: dict, merged: list = None) -> bool:
     """Write the per-file cache at `path` (or, with `merged`, the merged one beside
-    it, `merged` holding its stamps and tables)."""
+    it, `merged` holding its lines)."""
     directory = os.path.dirname(path)
     if merged is not None:
         path = _merged_path(path)
-        payload = {"version": FORMAT_VERSION, "root": root, **merged}
     else:
         payload = {"version": FORMAT_VERSION, "root": root, "files": files}
     try:
@@ -555,8 +378,11 @@ def _write_cache(path: str, root: str, files: dict, merged: dict = None) -> bool
             with open(os.path.join(directory, ".gitignore"), "w", encoding="utf-8") as handle:
                 handle.write("# created by kvguard lint\n*\n")
         descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=".index-", suffix=".tmp")
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle, separators=(",", ":"))
+        with os.fdopen(descriptor, "w", encoding="utf-8", errors="surrogatepass") as handle:
+            if merged is not None:
+                handle.write("\n".join(merged))
+            else:
+                json.dump(payload, handle, separators=(",", ":"))
         os.replace(temporary, path)
         return True
     except OSError:
@@ -575,9 +401,6 @@ def _read_source(path: str):
 def build(root: str) -> ProjectIndex:
     """Index a project: the merged cache when no file changed since it was written,
     else the per-file cache for the unchanged files, rescanning the rest."""
-    paths = [_cache_path(root)]
-    if not os.environ.get("KVGUARD_LINT_CACHE_DIR"):
-        paths.append(_user_cache_path(root))
     listed = []
     stamps = {}
     prefix = len(os.path.join(root, ""))
@@ -593,10 +416,12 @@ def build(root: str) -> ProjectIndex:
         relative = path[prefix:]
         stamps[relative] = [stat.st_mtime_ns, stat.st_size]
         listed.append((path, relative))
-    for path in paths:
+    paths = []
+    for path in _cache_paths(root):
         found = _read_merged(path, stamps)
         if found is not None:
             return found
+        paths.append(path)
     cached: dict = {}
     written = paths[0]
     for path in paths:
@@ -631,11 +456,8 @@ def build(root: str) -> ProjectIndex:
                 break
     index = ProjectIndex((entry[2] for entry in files.values()), _scans(files))
     if written is not None:
-        merged = {
-            "stamps": {relative: entry[:2] for relative, entry in files.items()},
-            "tables": index.tables(),
-        }
-        _write_cache(written, root, files, merged)
+        stamps = {relative: entry[:2] for relative, entry in files.items()}
+        _write_cache(written, root, files, list(_merged_lines(root, stamps, index)))
     return index
 
 

@@ -42,33 +42,30 @@ class CSTNode:
         if "_fields" not in cls.__dict__:
             cls._fields = tuple(fields)
         if fields:
-            if _UNBUILT is not None:
-                _UNBUILT.append(cls)  # built all at once below: one compile, not 150
-            else:
-                _build_constructors([cls])
+            cls.__init__ = _first_init
 
     def __repr__(self):
         return f"{type(self).__name__}@{getattr(self, 'lineno', '?')}:{getattr(self, 'col_offset', '?')}"
 
 
-def _build_constructors(classes):
-    """`__init__(self, field=None, ...)` setting each field, for each class (as
-    dataclasses do), compiled in one piece."""
-    source = []
-    for number, cls in enumerate(classes):
-        fields = cls.__dict__["__slots__"]
-        arguments = ", ".join(f"{field}=None" for field in fields)
-        body = "".join(f"\n    self.{field} = {field}" for field in fields)
-        source.append(f"def init_{number}(self, {arguments}):{body}\n")
+def _first_init(self, *args, **kwargs):
+    """The constructor of a class until its first instance: it compiles the class's
+    own `__init__(self, field=None, ...)` setting each field (as dataclasses do),
+    puts it in its place and calls it. Compiling the constructors of all 150 classes
+    at import took longer than a small flake8 run spends converting, and a run meets
+    only some of the classes."""
+    for cls in type(self).__mro__:
+        if cls.__dict__.get("__init__") is _first_init:
+            break
+    fields = cls.__dict__["__slots__"]
+    arguments = ", ".join(f"{field}=None" for field in fields)
+    body = "".join(f"\n    self.{field} = {field}" for field in fields)
     namespace: dict = {}
-    exec("".join(source), namespace)
-    for number, cls in enumerate(classes):
-        init = namespace[f"init_{number}"]
-        init.__name__ = init.__qualname__ = "__init__"
-        cls.__init__ = init
-
-
-_UNBUILT: list | None = []  # classes of this module, until their constructors are built
+    exec(f"def __init__(self, {arguments}):{body}\n", namespace)
+    init = namespace["__init__"]
+    init.__qualname__ = f"{cls.__name__}.__init__"
+    cls.__init__ = init
+    init(self, *args, **kwargs)
 
 
 class BaseExpression(CSTNode):
@@ -722,9 +719,6 @@ class Is(CSTNode):
 class IsNot(CSTNode):
     __slots__ = ()
 
-
-_build_constructors(_UNBUILT)
-_UNBUILT = None
 
 _OPERATORS = {
     ast.Add: Add,

@@ -3,6 +3,8 @@ setting is a typo until proven otherwise: it is ignored, as before, but said onc
 
 from __future__ import annotations
 
+import pytest
+
 from flake8_kvguard import config
 
 from .helpers import run_cli, write_project
@@ -43,3 +45,19 @@ def test_known_keys_are_silent_and_still_read():
     cfg = config.from_mapping({"free-names": ["drop"], "tensor_native": "a.free"}, "here",
                               unknown=unknown)
     assert unknown == [] and "drop" in cfg.free_names and "a.free" in cfg.tensor_native
+
+
+def test_a_config_is_an_immutable_value():
+    """Config keys the pre-filter and the per-root caches: equal settings are one key,
+    and nothing can change a config once made."""
+    a = config.Config(free_names=frozenset({"free", "drop"}))
+    b = config.DEFAULT.merged(config.Config(free_names=frozenset({"drop"})))
+    assert a != config.DEFAULT and a.merged(config.DEFAULT) == b.merged(a) != a
+    assert b == config.Config(free_names=config.DEFAULT_FREE_NAMES | {"drop"})
+    assert hash(b) == hash(config.Config(free_names=config.DEFAULT_FREE_NAMES | {"drop"}))
+    assert len({config.DEFAULT, config.Config(), b}) == 2
+    assert config.Config() != (config.DEFAULT_FREE_NAMES, frozenset(), frozenset())
+    for change in (lambda: setattr(b, "free_names", frozenset()), lambda: delattr(b, "free_names")):
+        with pytest.raises(AttributeError):
+            change()
+    assert "drop" in b.free_names and "drop" in repr(b)

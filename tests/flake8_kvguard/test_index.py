@@ -2,10 +2,12 @@
 
 import json
 import os
+import subprocess
+import sys
 
 from flake8_kvguard import index, project
 
-from .helpers import write_project
+from .helpers import lint, write_project
 
 
 def test_scan_source_reads_signatures_without_parsing():
@@ -175,3 +177,87 @@ def test_an_unchanged_project_is_read_from_the_merged_cache(tmp_path, monkeypatc
     (tmp_path / "c.py").unlink()
     assert index.build(str(tmp_path)).returns_tensor("rows") is None
     assert len(scanned) == 2  # a removed file: the rest comes from the per-file cache
+
+
+RECEIVER_PROJECT = {
+    # Two allocators, each in its own file: one `free` takes tensors, the other lists.
+    "pools/tensor_pool.py": """
+        import torch
+
+        class TensorPool:
+            def free(self, ids: torch.Tensor): ...
+        """,
+    "pools/base.py": """
+        class ListPoolBase:
+            def free(self, ids: list[int]): ...
+        """,
+    "pools/list_pool.py": """
+        from pools.base import ListPoolBase
+
+        class ListPool(ListPoolBase):
+            pass
+
+        def make_pool() -> ListPool: ...
+        """,
+    "serve.py": """
+        import torch
+        from pools.list_pool import ListPool, make_pool
+        from pools.tensor_pool import TensorPool
+
+        def flush(pool: ListPool, other: TensorPool, ids: torch.Tensor):
+            pool.free(ids)
+            other.free(ids)
+            make_pool().free(ids)
+        """,
+}
+
+
+def test_a_receiver_class_from_another_file_is_resolved_from_the_merged_cache(tmp_path):
+    """The merged cache is read in parts: a method's classes and a file's scan only
+    when asked for. A receiver annotated with a class whose `free` (inherited from a
+    base in a third file) takes lists still gets KVG101, and one whose class takes
+    tensors does not, exactly as with the index just built."""
+    root = write_project(tmp_path, RECEIVER_PROJECT)
+    source = (root / "serve.py").read_text()
+    expected = ["7:15 KVG101", "9:22 KVG101"]
+    built = index.build(str(root))
+    assert type(built) is index.ProjectIndex
+    assert lint(source, project_index=built) == expected
+    cached = index.build(str(root))
+    assert type(cached) is index.CachedIndex
+    assert lint(source, project_index=cached) == expected
+    assert cached.method_takes("ListPool", "free") == "n"
+    assert cached.method_takes("TensorPool", "free") == "t"
+    assert cached.factory_class("make_pool") == "ListPool"
+    # Only the method names the checker asked about were read from the cache.
+    assert set(cached._methods) == {"free"}
+    assert cached.tables() == built.tables()
+
+
+def test_a_run_in_an_unchanged_project_loads_no_scanner_and_no_openssl(tmp_path):
+    """The textual scanner (indexscan.py), hashlib (OpenSSL's bindings), dataclasses and
+    difflib are not imported by a flake8 run whose index comes from the merged cache;
+    the findings are those of a run that built it."""
+    root = write_project(tmp_path, RECEIVER_PROJECT)
+    script = (
+        "import sys\n"
+        "from flake8.main.cli import main\n"
+        "try:\n"
+        "    main(['--select', 'KVG', 'serve.py'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "heavy = ('flake8_kvguard.indexscan', 'hashlib', 'dataclasses', 'difflib', 'libcst')\n"
+        "print('loaded:', *[name for name in heavy if name in sys.modules])\n"
+    )
+    runs = []
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, "-c", script], cwd=root, capture_output=True, text=True
+        )
+        assert "Traceback" not in done.stderr, done.stderr
+        runs.append(done.stdout.splitlines())
+    first, second = runs
+    assert first[:-1] == second[:-1] and len(first) == 3, runs
+    assert [line.split()[1] for line in first[:-1]] == ["KVG101", "KVG101"]
+    assert "flake8_kvguard.indexscan" in first[-1].split()  # the first run built the index
+    assert second[-1] == "loaded:"

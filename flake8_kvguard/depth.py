@@ -116,8 +116,10 @@ _RAISING = "-+*/%@&|^~."
 # pattern that does not start with \b is searched twice as fast.
 _WORD_ENDS = re.compile(r"(?:and|or|not|lambda|await|if|else)\b")
 _WORD_MARK = "\x01"  # a keyword, once replaced
-_NOT_COUNTED = re.compile(r"[^-+*/%@&|^~.(\[{\n\x01]+")
-_NOT_OPENING = re.compile(r"[^(\[{\n]+")
+# bytes.translate deletes all but the characters a line's count is made of (a newline
+# ends each line's run): at memory speed, where a substitution of the rest ran at 30 MB/s.
+_NOT_COUNTED = bytes(set(range(256)) - set(b"-+*/%@&|^~.([{\n\x01"))
+_NOT_OPENING = bytes(set(range(256)) - set(b"([{\n"))
 
 
 def _bound(segment: str) -> int:
@@ -135,8 +137,10 @@ def _line_bounds(text: str) -> list:
     (a word never spans two lines). Made by whole-text substitutions, not a loop over
     lines."""
     marked = _WORD_ENDS.sub(_WORD_MARK, text)  # a stray \x01 in the text only counts more
-    counted = _NOT_COUNTED.sub("", marked).split("\n")
-    brackets = _NOT_OPENING.sub("", marked).split("\n")  # counted a second time
+    # (UTF-8: a character outside ASCII is deleted whole, as none of its bytes is kept)
+    data = marked.encode("utf-8", "surrogatepass")
+    counted = data.translate(None, _NOT_COUNTED).split(b"\n")
+    brackets = data.translate(None, _NOT_OPENING).split(b"\n")  # counted a second time
     return list(
         itertools.accumulate(map(operator.add, map(len, counted), map(len, brackets)), initial=0)
     )

@@ -33,7 +33,7 @@ SETTINGS = {
 FLAKE8_PREFIX = "kvguard-"
 FLAKE8_SECTIONS = (("setup.cfg", "flake8"), ("tox.ini", "flake8"), (".flake8", "flake8"))
 
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_NAME = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"  # compiled when a name is read
 
 
 class ConfigError(Exception):
@@ -108,7 +108,7 @@ def split_names(value, where: str) -> frozenset:
     else:
         raise ConfigError(f"{where}: expected a list of names, got {value!r}")
     for name in names:
-        if not _NAME.match(name):
+        if not re.match(_NAME, name):
             raise ConfigError(f"{where}: {name!r} is not a (dotted) Python name")
     return frozenset(names)
 

@@ -30,7 +30,7 @@ import re
 # 200 chained calls in well under a second; 20,000 kill it.
 MAX_DEPTH = 200
 
-_TOKENS = re.compile(
+_TOKENS = (
     # Strings first, from their opening quote (a prefix is an identifier before it),
     # written as unrolled loops: `(?:[^"]|...)*` would step through a docstring one
     # character at a time.
@@ -44,9 +44,8 @@ _TOKENS = re.compile(
     r"|(?P<close>[)\]}])"
     r"|(?P<comma>[,;])"
     r"|(?P<op>\*\*|//|<<|>>|->|[-+*/%@&|^~.])"
-    r"|(?P<word>(?<![\w.])(?:and|or|not|lambda|await|if|else)\b)",
-    re.S,
-)
+    r"|(?P<word>(?<![\w.])(?:and|or|not|lambda|await|if|else)\b)"
+)  # compiled (re.S) by the scan, which a file whose tree shows it shallow never needs
 _OPERAND_END = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_)]}\"'")
 
 
@@ -64,7 +63,7 @@ def too_deep(text: str, limit: int = MAX_DEPTH, tree=None):
     counters = [0]  # chain length since the last comma, per open bracket level
     total = 0  # sum(counters): the estimated depth of the current expression
     line = statement = 1
-    for match in _TOKENS.finditer(text):
+    for match in re.finditer(_TOKENS, text, re.S):
         kind = match.lastgroup
         if kind == "newline":
             line += 1
@@ -110,7 +109,7 @@ def too_deep(text: str, limit: int = MAX_DEPTH, tree=None):
     return None
 
 
-_WORDS = re.compile(r"\b(?:and|or|not|lambda|await|if|else)\b")
+_WORDS = r"\b(?:and|or|not|lambda|await|if|else)\b"  # compiled where used
 _RAISING = "-+*/%@&|^~."
 # The keywords, also at the end of a longer name ("band"): counting more is safe, and a
 # pattern that does not start with \b is searched twice as fast.
@@ -128,7 +127,7 @@ def _bound(segment: str) -> int:
     count = 2 * (segment.count("(") + segment.count("[") + segment.count("{"))
     for char in _RAISING:
         count += segment.count(char)
-    return count + len(_WORDS.findall(segment))
+    return count + len(re.findall(_WORDS, segment))
 
 
 def _line_bounds(text: str) -> list:

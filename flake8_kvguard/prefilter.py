@@ -17,7 +17,6 @@ The test is exact with respect to the rules, not a guess: every finding needs
 from __future__ import annotations
 
 import re
-import unicodedata
 
 from . import torch_api
 
@@ -30,10 +29,10 @@ _WORD_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012
 # Regular expressions that start with a literal are scanned fast by `re`; a leading
 # \b or look-behind makes it try every position (about 5x slower on real code). So
 # the patterns find candidates and `_starts_word` checks what precedes them.
-_COMPREHENSION = re.compile(r"\{(?:[^{}]|\{[^{}]*\})*?\bfor\b")
-_TENSOR_WORDS = re.compile(
-    r"torch|Tensor|\.(?:%s)\s*\(" % "|".join(sorted(torch_api.TORCH_ONLY_METHODS))
-)
+# These two are compiled where used (re caches them): a run whose files have no
+# container call never needs them, and flake8 imports this module on every run.
+_COMPREHENSION = r"\{(?:[^{}]|\{[^{}]*\})*?\bfor\b"
+_TENSOR_WORDS = r"torch|Tensor|\.(?:%s)\s*\(" % "|".join(sorted(torch_api.TORCH_ONLY_METHODS))
 _WORD = re.compile(r"[A-Za-z_]\w*")
 
 
@@ -46,6 +45,8 @@ def spellings(text: str) -> tuple:
         return (text,)
     if _last[0] is text:  # the filter and the slicing ask about one file in turn
         return _last[1]
+    import unicodedata  # for non-ASCII text only
+
     normal = unicodedata.normalize("NFKC", text)
     forms = (text,) if normal == text else (text, normal)
     _last[:] = [text, forms]
@@ -88,7 +89,7 @@ def _has_container(text: str) -> bool:
             if _after(text, start, dot_ok=True):
                 return True
             start = find(word, start + 1)
-    return _COMPREHENSION.search(text) is not None
+    return re.search(_COMPREHENSION, text) is not None
 
 
 class Prefilter:
@@ -141,7 +142,7 @@ class Prefilter:
     def _has_tensor_hashing(self, text: str, index) -> bool:
         if not _has_container(text):
             return False
-        if _TENSOR_WORDS.search(text):
+        if re.search(_TENSOR_WORDS, text):
             return True
         words = set(_WORD.findall(text))
         if words & self._configured:

@@ -2,10 +2,10 @@
 
     python benchmarks/bench_lint.py [PATH] [--rounds N] [--jobs J] [--select CODES]
 
-Runs `flake8 -jJ PATH` with every installed plugin and then without the kvguard
-plugin, alternating, N rounds each, and prints the ratios of the fastest runs and of
-the medians, both of the CPU time the flake8 process used (user + system) and of the
-wall time. The target is judged on CPU time: `flake8 -j1` is one process working
+Runs `flake8 -jJ PATH` with every installed plugin and without the kvguard plugin, N
+rounds of one run each (back to back, which goes first alternating), and prints the
+ratios of the fastest runs, of the medians and the median of the rounds' ratios, both
+of the CPU time the flake8 process used (user + system) and of the wall time. The target is judged on CPU time: `flake8 -j1` is one process working
 without pause, so on an idle machine its wall time is its CPU time, while on a
 shared one the wall time also counts the time it waited for a core, which has
 nothing to do with the plugin (single runs then vary by 20%). Without
@@ -185,14 +185,26 @@ def breakdown(path: str, cwd: str) -> str:
 
 def compare(args: list, cwd: str, rounds: int) -> tuple[list, list]:
     """((CPU, wall) of each run with the plugin, of each without), alternating, after
-    one warm-up each."""
+    one warm-up each. Each round runs the pair back to back, which of the two goes first
+    alternating from round to round, so that a change in the machine's load between
+    rounds falls on both (`paired`)."""
     timed(WITH_PLUGIN, args, cwd)
     timed(WITHOUT_PLUGIN, args, cwd)
     with_plugin, without_plugin = [], []
-    for _ in range(rounds):
-        without_plugin.append(timed(WITHOUT_PLUGIN, args, cwd))
-        with_plugin.append(timed(WITH_PLUGIN, args, cwd))
+    for round_number in range(rounds):
+        if round_number % 2:
+            with_plugin.append(timed(WITH_PLUGIN, args, cwd))
+            without_plugin.append(timed(WITHOUT_PLUGIN, args, cwd))
+        else:
+            without_plugin.append(timed(WITHOUT_PLUGIN, args, cwd))
+            with_plugin.append(timed(WITH_PLUGIN, args, cwd))
     return with_plugin, without_plugin
+
+
+def paired(with_: list, without: list) -> float:
+    """The median of each round's ratio: steadier than the ratio of the fastest runs,
+    which one run without the plugin on an unusually quiet machine decides."""
+    return statistics.median(a / b for a, b in zip(with_, without))
 
 
 def main(argv=None) -> int:
@@ -223,7 +235,8 @@ def main(argv=None) -> int:
             target = "  (target <= 1.2x)" if what == "CPU" else ""
             print(
                 f"  {what} ratio: {best:.2f}x best-of-{options.rounds}, "
-                f"{typical:.2f}x median{target}"
+                f"{typical:.2f}x median, {paired(with_, without):.2f}x median of the "
+                f"rounds' ratios{target}"
             )
         print(breakdown(path, cwd))
     for label, source in STARTUP_FILES.items():

@@ -20,6 +20,7 @@ import tempfile
 
 from . import project
 from .collector import gc_paused
+from .indexkinds import BOOL_TENSOR, OPTIONAL_TENSOR, OTHER, TENSOR
 
 try:  # `hashlib` loads OpenSSL's bindings first, a few ms of every flake8 run
     from _blake2 import blake2b
@@ -37,11 +38,6 @@ MERGED_FILE = "lint-index-merged.json"
 MERGED_VERSION = 5  # 5: lines (CachedIndex), methods by name, scans by digest
 MAX_FILES = 50_000  # a "project" bigger than this is a home directory, not a project
 
-# Kinds of annotation, as stored in the index.
-TENSOR = "t"
-BOOL_TENSOR = "b"
-OPTIONAL_TENSOR = "o"
-OTHER = "n"
 
 def digest(source: str) -> str:
     """What identifies a file's text: equal digests, equal scans."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 
 from . import torch_api
-from .index import BOOL_TENSOR, OPTIONAL_TENSOR, OTHER, TENSOR
+from .indexkinds import BOOL_TENSOR, OPTIONAL_TENSOR, OTHER, TENSOR
 
 MAX_SIGNATURE = 4_000  # characters scanned for one signature
 

@@ -1074,9 +1074,10 @@ typedef struct {
        object seen to be of kind "i" or "u" (a dtype's kind never changes), and the array
        type's own ``tolist`` method descriptor when looking it up on an instance can only find
        that (see numpy_kind); np_layout: the array type's instances were found laid out as
-       numpy's PyArrayObject_fields (see np_layout_ok), so ndim and dtype are read in place. */
+       numpy's PyArrayObject_fields (see np_layout_ok), so ndim and dtype are read in place;
+       np_scalar: how the scalar type keeps its value (scalar_code; 0: read by ``index()``). */
     PyObject *np_type, *int_dtype, *np_tolist;
-    int np_kind, np_layout;
+    int np_kind, np_layout, np_scalar;
     PyObject *id_attr;       /* str, or None: the Python reader reads */
     PyObject *skip, *keeps_all, *allocator;
     SlotCache id_slot, count_slot, pair_slot[SLOT_PAIRS];  /* id_attr, refcount_attr, pairs */
@@ -1619,7 +1620,7 @@ ids_ok(PyObject *list, Hot *h, int want, long long *ids)
 /* fastread's kinds (fastread.OTHER, ARRAY, SCALAR) */
 enum { K_OTHER = 0, K_ARRAY = 1, K_SCALAR = 2 };
 
-static PyObject *s_ndim, *s_dtype, *s_kind, *s_tolist;
+static PyObject *s_ndim, *s_dtype, *s_kind, *s_tolist, *s_itemsize;
 
 /* The start of numpy's ``PyArrayObject_fields`` (numpy/ndarraytypes.h, the same in numpy 1.x
    and 2.x; ``PyArray_NDIM`` and ``PyArray_DESCR`` read these fields): what ``ndim`` and
@@ -1692,6 +1693,163 @@ np_layout_ok(PyObject *value)
     return ok;
 }
 
+/* numpy integer scalars: numpy's Py<Type>ScalarObject (numpy/arrayscalars.h, the same in 1.x
+   and 2.x) is the object header and then the value, ``obval``. A scalar type's reading, learned
+   once per type by scalar_code and kept for the life of the module (a type's layout is fixed):
+   the value's size in bytes (1, 2, 4 or 8), plus SCALAR_UNSIGNED; 0: read it as
+   ``operator.index(value)``, as the careful path reads it. */
+#define SCALAR_UNSIGNED 16
+#define SCALAR_TYPES 16
+static struct { PyObject *type; int code; } scalar_codes[SCALAR_TYPES];
+static int scalar_codes_n = 0;
+
+/* ``value``'s integer read from its bytes as ``code`` says: 1, or 0 where it does not fit a
+   long long (a uint64 past int64: index(value) then reads it, and the ledger refuses it). */
+static int
+scalar_read(int code, PyObject *value, long long *out)
+{
+    const char *p = (const char *)value + sizeof(PyObject);
+    switch (code) {
+    case 1: { int8_t v; memcpy(&v, p, 1); *out = v; return 1; }
+    case 2: { int16_t v; memcpy(&v, p, 2); *out = v; return 1; }
+    case 4: { int32_t v; memcpy(&v, p, 4); *out = v; return 1; }
+    case 8: { int64_t v; memcpy(&v, p, 8); *out = v; return 1; }
+    case 1 | SCALAR_UNSIGNED: { uint8_t v; memcpy(&v, p, 1); *out = v; return 1; }
+    case 2 | SCALAR_UNSIGNED: { uint16_t v; memcpy(&v, p, 2); *out = v; return 1; }
+    case 4 | SCALAR_UNSIGNED: { uint32_t v; memcpy(&v, p, 4); *out = v; return 1; }
+    case 8 | SCALAR_UNSIGNED: {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        if (v > (uint64_t)LLONG_MAX)
+            return 0;
+        *out = (long long)v;
+        return 1;
+    }
+    }
+    return 0;
+}
+
+/* 1 if reading ``value`` by ``code`` gives ``operator.index(value)``, 0 if not, -1 with an
+   error. */
+static int
+scalar_read_agrees(int code, PyObject *value)
+{
+    long long v;
+    int overflow;
+    PyObject *b = PyNumber_Index(value);
+    long long want;
+    if (b == NULL)
+        return -1;
+    want = PyLong_AsLongLongAndOverflow(b, &overflow);
+    Py_DECREF(b);
+    if (want == -1 && PyErr_Occurred())
+        return -1;
+    return !overflow && scalar_read(code, value, &v) && v == want;
+}
+
+/* How ``value``'s type (numpy's, not a heap type) keeps its value: the code scalar_read
+   takes, or 0. The dtype gives the size and signedness; the type must have room for them
+   after the header; and the bytes there must read as ``index()`` reads ``value`` itself and
+   four more instances made from 1, 100, a number that needs every byte, and -2 (signed) or
+   the largest value (unsigned). Those cannot all agree by chance; 0 on any doubt, errors
+   cleared. */
+static int
+scalar_code_of(PyObject *value)
+{
+    PyTypeObject *tp = Py_TYPE(value);
+    PyObject *dtype = NULL, *size = NULL, *kind = NULL;
+    long itemsize;
+    int code = 0, i;
+    if (tp->tp_flags & Py_TPFLAGS_HEAPTYPE)
+        return 0;
+    dtype = PyObject_GetAttr(value, s_dtype);
+    if (dtype != NULL)
+        size = PyObject_GetAttr(dtype, s_itemsize);
+    if (size != NULL)
+        kind = PyObject_GetAttr(dtype, s_kind);
+    if (kind == NULL || !PyLong_CheckExact(size) || !PyUnicode_Check(kind))
+        goto done;
+    itemsize = PyLong_AsLong(size);
+    if ((itemsize != 1 && itemsize != 2 && itemsize != 4 && itemsize != 8) ||
+        tp->tp_basicsize < (Py_ssize_t)sizeof(PyObject) + itemsize)
+        goto done;
+    if (PyUnicode_CompareWithASCIIString(kind, "i") == 0)
+        code = (int)itemsize;
+    else if (PyUnicode_CompareWithASCIIString(kind, "u") == 0)
+        code = (int)itemsize | SCALAR_UNSIGNED;
+    else
+        goto done;
+    {
+        unsigned long long top = itemsize == 8 ? ~0ull : (1ull << (8 * itemsize)) - 1;
+        PyObject *probes[4] = {
+            PyLong_FromLong(1), PyLong_FromLong(100),
+            PyLong_FromUnsignedLongLong((1ull << (8 * itemsize - 2)) + 3),
+            code & SCALAR_UNSIGNED ? PyLong_FromUnsignedLongLong(top) : PyLong_FromLong(-2)};
+        int ok = scalar_read_agrees(code, value) == 1;
+        for (i = 0; i < 4; i++) {
+            PyObject *made = ok && probes[i] != NULL
+                ? PyObject_CallOneArg((PyObject *)tp, probes[i]) : NULL;
+            /* the largest uint64 does not fit a long long: it must read as "does not fit" */
+            long long v;
+            ok = made != NULL && Py_IS_TYPE(made, tp) &&
+                 (code == (8 | SCALAR_UNSIGNED) && i == 3
+                      ? !scalar_read(code, made, &v)
+                      : scalar_read_agrees(code, made) == 1);
+            Py_XDECREF(made);
+        }
+        for (i = 0; i < 4; i++)
+            Py_XDECREF(probes[i]);
+        if (!ok)
+            code = 0;
+    }
+done:
+    Py_XDECREF(dtype);
+    Py_XDECREF(size);
+    Py_XDECREF(kind);
+    PyErr_Clear();
+    return code;
+}
+
+/* scalar_code_of for ``value``'s type, asked once per type (the table is full: 0). */
+static int
+scalar_code(PyObject *value)
+{
+    PyObject *tp = (PyObject *)Py_TYPE(value);
+    int i, code;
+    for (i = 0; i < scalar_codes_n; i++)
+        if (scalar_codes[i].type == tp)
+            return scalar_codes[i].code;
+    if (scalar_codes_n == SCALAR_TYPES)
+        return 0;
+    code = scalar_code_of(value);
+    scalar_codes[scalar_codes_n].type = Py_NewRef(tp);
+    scalar_codes[scalar_codes_n].code = code;
+    scalar_codes_n++;
+    return code;
+}
+
+/* Plain ints for ids read out of numpy scalars, kept by the id's low bits and handed out again
+   (an int is immutable, so sharing one is invisible), so a pool whose ids are numpy scalars
+   does not pay an allocation and a release per id and call. A fixed few: 64 KiB at most. */
+#define INT_CACHE 1024
+static PyObject *int_cache[INT_CACHE];
+static long long int_cache_value[INT_CACHE];
+
+static PyObject *
+cached_int(long long v)
+{
+    size_t slot = (size_t)v & (INT_CACHE - 1);
+    PyObject *b = int_cache[slot];
+    if (b != NULL && int_cache_value[slot] == v)
+        return Py_NewRef(b);
+    b = PyLong_FromLongLong(v);
+    if (b == NULL)
+        return NULL;
+    int_cache_value[slot] = v;
+    Py_XSETREF(int_cache[slot], Py_NewRef(b));
+    return b;
+}
+
 /* The kind ``kinds`` gives ``value``'s type: K_ARRAY or K_SCALAR, K_OTHER (not numpy's, or
    not learned yet), -1 with an error. The last numpy type found is remembered (an entry of
    fastread's table never changes once learned), with, for an array type, its ``tolist``
@@ -1704,7 +1862,7 @@ numpy_kind(Wrapper *w, PyObject *value)
 {
     PyTypeObject *tp = Py_TYPE(value);
     PyObject *kind, *old_type, *old_tolist, *tolist = NULL;
-    int layout = 0;
+    int layout = 0, scalar = 0;
     long k;
     if ((PyObject *)tp == w->np_type)
         return w->np_kind;
@@ -1729,15 +1887,34 @@ numpy_kind(Wrapper *w, PyObject *value)
         }
         layout = layout_known;
     }
+    if (k == K_SCALAR)
+        scalar = scalar_code(value);
     old_type = w->np_type;  /* the new entry is written whole, then the old one dropped */
     old_tolist = w->np_tolist;
     w->np_type = Py_NewRef((PyObject *)tp);
     w->np_tolist = tolist;
     w->np_kind = (int)k;
     w->np_layout = layout;
+    w->np_scalar = scalar;
     Py_XDECREF(old_type);  /* last: the cache is whole before anything can run */
     Py_XDECREF(old_tolist);
     return (int)k;
+}
+
+/* ``[b]``, taking over the reference to ``b`` (NULL: the error stands). */
+static PyObject *
+one_id(PyObject *b)
+{
+    PyObject *one;
+    if (b == NULL)
+        return NULL;
+    one = PyList_New(1);
+    if (one == NULL) {
+        Py_DECREF(b);
+        return NULL;
+    }
+    PyList_SET_ITEM(one, 0, b);
+    return one;
 }
 
 /* fastread.plain_ids for a numpy array or scalar whose type fastread has learned: a new list,
@@ -1811,18 +1988,62 @@ read_numpy(Wrapper *w, PyObject *value)
         return out;  /* plain_ids returns what tolist() gives, or its error */
     }
     if (k == K_SCALAR) {
-        PyObject *one, *b = PyNumber_Long(value);
-        if (b == NULL)
-            return NULL;
-        one = PyList_New(1);
-        if (one == NULL) {
-            Py_DECREF(b);
-            return NULL;
-        }
-        PyList_SET_ITEM(one, 0, b);
-        return one;
+        long long v;
+        if (w->np_scalar && scalar_read(w->np_scalar, value, &v))
+            return one_id(cached_int(v));  /* what index(value) gives, read in place */
+        return one_id(PyNumber_Index(value));
     }
     Py_RETURN_NOTIMPLEMENTED;  /* OTHER: the Python reader may still read a tensor */
+}
+
+/* fastread's reading of a list or tuple mixing plain ints and numpy integer scalars (ids
+   taken out of an array one by one): a new list of ints, each scalar read in place as
+   read_numpy reads one alone; NotImplemented (the Python reader answers, and learns what it
+   has not seen) as soon as an item is anything else, or a scalar that cannot be read in place
+   or does not fit an int64 (``array("q")`` refuses it there). */
+static PyObject *
+read_scalars(Wrapper *w, PyObject *value)
+{
+    Py_ssize_t i, n = PySequence_Fast_GET_SIZE(value);
+    PyObject *out = PyList_New(n);  /* its items NULL until set: safe to drop part-filled */
+    if (out == NULL)
+        return NULL;
+    for (i = 0; i < n; i++) {
+        PyObject *item, *b = NULL;
+        long long v;
+        if (PySequence_Fast_GET_SIZE(value) != n) {  /* learning a type ran code that */
+            Py_DECREF(out);                          /* changed the list: Python reads it */
+            Py_RETURN_NOTIMPLEMENTED;
+        }
+        item = PySequence_Fast_GET_ITEM(value, i);
+        if (PyLong_CheckExact(item)) {
+            PyList_SET_ITEM(out, i, Py_NewRef(item));
+            continue;
+        }
+        if ((PyObject *)Py_TYPE(item) != w->np_type) {  /* a type not read last time */
+            int k;
+            Py_INCREF(item);  /* learning a new type runs numpy's code: hold what we read */
+            k = numpy_kind(w, item);
+            Py_DECREF(item);
+            if (k < 0) {
+                Py_DECREF(out);
+                return NULL;
+            }
+        }
+        if ((PyObject *)Py_TYPE(item) == w->np_type && w->np_kind == K_SCALAR &&
+            w->np_scalar && scalar_read(w->np_scalar, item, &v))
+            b = cached_int(v);
+        else {
+            Py_DECREF(out);
+            Py_RETURN_NOTIMPLEMENTED;
+        }
+        if (b == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, b);
+    }
+    return out;
 }
 
 /* shadowing.fast_reader's read_objects, for a spec with a plain ``id_attr``. */
@@ -1918,12 +2139,9 @@ read_ids(Wrapper *w, PyObject *value)
     if (w->id_attr != Py_None)
         return read_objects(w, value);
     if (w->plain) {
-        if (PyLong_CheckExact(value)) {
-            PyObject *one = PyList_New(1);
-            if (one != NULL)
-                PyList_SET_ITEM(one, 0, Py_NewRef(value));
-            return one;
-        }
+        long long v;
+        if (PyLong_CheckExact(value))
+            return one_id(Py_NewRef(value));
         if (PyList_CheckExact(value) || PyTuple_CheckExact(value)) {
             Py_ssize_t i, n = PySequence_Fast_GET_SIZE(value);
             PyObject **items = PySequence_Fast_ITEMS(value);
@@ -1932,9 +2150,19 @@ read_ids(Wrapper *w, PyObject *value)
                     break;
             if (i == n)
                 return PySequence_List(value);
+            if (w->kinds != Py_None) {
+                PyObject *r = read_scalars(w, value);
+                if (r != Py_NotImplemented)
+                    return r;
+                Py_DECREF(r);
+            }
         }
         else if (w->kinds != Py_None) {
-            PyObject *r = read_numpy(w, value);
+            PyObject *r;
+            if ((PyObject *)Py_TYPE(value) == w->np_type && w->np_scalar &&
+                scalar_read(w->np_scalar, value, &v))  /* read_numpy's scalar case, inline */
+                return one_id(cached_int(v));
+            r = read_numpy(w, value);
             if (r != Py_NotImplemented)
                 return r;
             Py_DECREF(r);
@@ -2822,6 +3050,7 @@ PyInit__fastpath(void)
     INTERN(s_dtype, "dtype");
     INTERN(s_kind, "kind");
     INTERN(s_tolist, "tolist");
+    INTERN(s_itemsize, "itemsize");
     array_mod = PyImport_ImportModule("array");
     if (array_mod == NULL)
         return NULL;

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 from array import array
+from operator import index
 
 OTHER, ARRAY, SCALAR = 0, 1, 2
 
@@ -65,8 +66,8 @@ def plain_ids(value):
         if value.ndim == 1 and value.dtype.kind in "iu":
             return value.tolist()
         return None
-    if kind == SCALAR:
-        return [int(value)]
+    if kind == SCALAR:  # read as the careful path reads it (a subclass may change int())
+        return [index(value)]
     return None
 
 

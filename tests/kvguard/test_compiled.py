@@ -11,6 +11,7 @@ counts, memory, sites, copying and pickling).
 import copy
 import gc
 import logging
+import operator
 import os
 import pickle
 import shutil
@@ -863,3 +864,105 @@ def test_stats_pickle_under_every_protocol(pure):
     for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
         back = pickle.loads(pickle.dumps(stats, protocol))
         assert type(back) is type(stats) and back.to_dict() == stats.to_dict(), protocol
+
+
+class _ScalarPool:
+    """Hands out one id per call as a numpy integer scalar made by ``make`` (as pools built on
+    numpy arrays hand out their elements) and takes one back, reading it with
+    ``operator.index``. Ids 3, 3 + 1024 and 3 + 2048 fall in one slot of the compiled
+    reader's small cache of ints."""
+
+    num_blocks = 2100
+
+    def __init__(self, make) -> None:
+        self.make = make
+        self.free_list = [3 + 2048, 3 + 1024, 3, 7]
+
+    def allocate(self):
+        return self.make(self.free_list.pop())
+
+    def free(self, block) -> None:
+        self.free_list.append(operator.index(block))
+
+
+class _IndexOverride(np.int64):
+    """A heap subclass whose ``__index__`` is not its stored value: read by name, never in
+    place (``operator.index`` is what the careful path reads)."""
+
+    def __index__(self):
+        return int(np.int64(self)) + 1
+
+
+class _IntOverride(np.int64):
+    """One whose ``int()`` is not its value: ``int()`` is not what the careful path reads."""
+
+    def __int__(self):
+        return int(np.int64(self)) + 1
+
+
+SCALAR_MAKERS = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64,
+                 np.uint64, np.longlong, np.ulonglong, np.intc, np.intp, _IndexOverride,
+                 _IntOverride]
+
+
+@pytest.mark.parametrize("make", SCALAR_MAKERS, ids=lambda m: m.__name__)
+def test_numpy_integer_scalars_of_every_type_read_as_the_careful_path_reads_them(make):
+    """The compiled reader reads a numpy scalar's value in place (its layout checked once per
+    type) and hands out ints from a small cache: on every integer type, on ids sharing a cache
+    slot, on a double free, a negative and a too-large id, the compiled wrappers, the closures
+    and the careful path give the same verdicts, ledgers and flight recorder, and the ids they
+    record are plain ints."""
+    fits = make(0).dtype.itemsize > 1  # 1027 and 2051 do not fit in a byte
+    signed = make(0).dtype.kind == "i"
+    seen = []
+    built = compiled_wrappers()
+    for accel, fast in ([(built, True)] if built else []) + [(None, True), (None, False)]:
+        pool = _ScalarPool(make)
+        saved, shadowing.ACCEL = shadowing.ACCEL, accel
+        try:
+            g = kvguard.guard(pool, kvguard.AllocatorSpec(size="num_blocks"), stacks="off",
+                              on_violation="log", fast_path=fast)
+        finally:
+            shadowing.ACCEL = saved
+        got = [pool.allocate() for _ in range(4 if fits else 2)]
+        for b in got[::-1] + got[-1:]:  # ids sharing a slot while the others are live; the
+            pool.free(b)                 # last one is a double free
+        pool.free(make(-1) if signed else np.uint64(2 ** 64 - 2))  # negative, too large
+        seen.append(([(v.kind, v.block_ids) for v in g.violations], ledger_state(g),
+                     [(op[1], [type(b) for b in op[1]]) for op in g.history]))
+    assert all(s == seen[-1] for s in seen)
+    kinds = [k for k, _ in seen[0][0]]
+    # -1 reads as 0 through _IndexOverride's __index__: a block never handed out
+    assert kinds == ["double-free", "foreign-id" if make is _IndexOverride else "invalid-id"]
+    assert all(t is int for _, types in seen[0][2] for t in types)
+
+
+@pytest.mark.parametrize("make", SCALAR_MAKERS, ids=lambda m: m.__name__)
+def test_lists_of_numpy_scalars_read_as_the_careful_path_reads_them(make):
+    """Lists mixing ints and numpy scalars (ids taken out of an array one by one), read in C:
+    ids in one cache slot, a repeat as a scalar and as an int, a negative scalar, and a list
+    changing type half-way give the same verdicts and ledgers on all three paths."""
+    fits = make(0).dtype.itemsize > 1
+    ids = [3, 1027, 2051, 9] if fits else [3, 9, 100, 101]
+    signed = make(0).dtype.kind == "i"
+    calls = [[make(b) for b in ids[:2]], [ids[2], make(ids[3])], [make(ids[0]), ids[0]],
+             [make(ids[1]), True], (make(ids[1]), make(-1) if signed else 2 ** 64)]
+    seen = []
+    built = compiled_wrappers()
+    for accel, fast in ([(built, True)] if built else []) + [(None, True), (None, False)]:
+        pool = _Handout()
+        saved, shadowing.ACCEL = shadowing.ACCEL, accel
+        try:
+            g = kvguard.guard(pool, kvguard.AllocatorSpec(size="num_blocks"), stacks="off",
+                              on_violation="log", fast_path=fast)
+        finally:
+            shadowing.ACCEL = saved
+        pool.allocate(ids)
+        for call in calls:
+            pool.free(call)
+        seen.append(([(v.kind, v.block_ids) for v in g.violations], ledger_state(g),
+                     [(op[1], [type(b) for b in op[1]]) for op in g.history]))
+    assert all(s == seen[-1] for s in seen)
+    assert all(t is int for _, types in seen[0][2] for t in types)
+    repeat = set() if make is _IndexOverride else {"duplicate-id"}  # its 3 reads as 4
+    assert repeat | {"bool-id"} <= {kind for kind, _ in seen[0][0]}

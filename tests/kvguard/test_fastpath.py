@@ -172,8 +172,22 @@ PLAIN_FORMS = ["list", "tuple", "int", "np64", "np32", "npu8", "npscalar", "npli
                "gen", "bool", "npbool", "npboolscalar", "tensor", "negative", "float", "set",
                "2d", "tensor32", "tensoru8", "tensorbool", "tensorfloat", "tensor2d",
                "tensor0d", "tensornegative", "np0d", "np2dempty", "npcol", "npobject",
-               "npu64big", "npfloat", "nptimedelta", "npempty"]
+               "npu64big", "npfloat", "nptimedelta", "npempty", "npscalars", "npscalarneg",
+               "npscalarsub", "npscalaru64big"]
 OBJECT_FORMS = ["list", "tuple", "reversed", "gen", "ints", "null", "missing", "foreign"]
+
+
+SCALAR_TYPES = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64,
+                np.uint64, np.longlong, np.ulonglong, np.intc, np.intp]
+"""Every numpy integer scalar type: the compiled reader reads each one's value in place."""
+
+
+class IntOverride(np.int64):
+    """A subclass of ``np.int64`` (a heap type) whose ``int()`` is not its stored value: the
+    compiled reader must not read its bytes, but ask ``int()`` as the Python reader does."""
+
+    def __int__(self):
+        return int(np.int64(self)) + 1
 
 
 def shape_ids(ids, form):
@@ -190,6 +204,14 @@ def shape_ids(ids, form):
         return np.array(ids, dtype=np.uint8)
     if form == "npscalar":
         return np.int64(ids[0]) if ids else []
+    if form == "npscalars":  # one id as a scalar of each numpy integer type in turn
+        return SCALAR_TYPES[sum(ids) % len(SCALAR_TYPES)](ids[0]) if ids else []
+    if form == "npscalarneg":
+        return np.int16(-1 - ids[0]) if ids else np.int8(-128)
+    if form == "npscalarsub":
+        return IntOverride(ids[0]) if ids else []
+    if form == "npscalaru64big":
+        return np.uint64(2 ** 64 - 1 - (ids[0] if ids else 0))
     if form == "nplist":
         return [np.int64(b) for b in ids]
     if form == "mixed":

@@ -1751,8 +1751,8 @@ scalar_read_agrees(int code, PyObject *value)
    takes, or 0. The dtype gives the size and signedness; the type must have room for them
    after the header; and the bytes there must read as ``index()`` reads ``value`` itself and
    four more instances made from 1, 100, a number that needs every byte, and -2 (signed) or
-   the largest value (unsigned). Those cannot all agree by chance; 0 on any doubt, errors
-   cleared. */
+   the largest value (unsigned). Those cannot all agree by chance; 0 on any doubt (an error
+   left set for scalar_code to weigh). */
 static int
 scalar_code_of(PyObject *value)
 {
@@ -1760,8 +1760,8 @@ scalar_code_of(PyObject *value)
     PyObject *dtype = NULL, *size = NULL, *kind = NULL;
     long itemsize;
     int code = 0, i;
-    if (tp->tp_flags & Py_TPFLAGS_HEAPTYPE)
-        return 0;
+    if ((tp->tp_flags & Py_TPFLAGS_HEAPTYPE) || strncmp(tp->tp_name, "numpy.", 6) != 0)
+        return 0;  /* numpy's own types only: nothing else is made to probe it */
     dtype = PyObject_GetAttr(value, s_dtype);
     if (dtype != NULL)
         size = PyObject_GetAttr(dtype, s_itemsize);
@@ -1806,25 +1806,51 @@ done:
     Py_XDECREF(dtype);
     Py_XDECREF(size);
     Py_XDECREF(kind);
-    PyErr_Clear();
-    return code;
+    return PyErr_Occurred() ? 0 : code;
 }
 
-/* scalar_code_of for ``value``'s type, asked once per type (the table is full: 0). */
+/* scalar_code_of for ``value``'s type, asked once per numpy type and remembered (not a heap
+   type, which is never read in place; nothing remembered once the table is full, or when the
+   answer was cut short). -1 with an error only for one that is not an ``Exception`` (an
+   interrupt) or a MemoryError: those stand. Learning runs numpy's code, which may re-enter a
+   guard that learns a type too: the table is searched and its room checked again after. */
 static int
 scalar_code(PyObject *value)
 {
     PyObject *tp = (PyObject *)Py_TYPE(value);
-    int i, code;
+    int i, code, keep = 1;
+    if (Py_TYPE(value)->tp_flags & Py_TPFLAGS_HEAPTYPE)
+        return 0;
     for (i = 0; i < scalar_codes_n; i++)
         if (scalar_codes[i].type == tp)
             return scalar_codes[i].code;
-    if (scalar_codes_n == SCALAR_TYPES)
+    if (scalar_codes_n >= SCALAR_TYPES)
         return 0;
+    Py_INCREF(tp);
     code = scalar_code_of(value);
-    scalar_codes[scalar_codes_n].type = Py_NewRef(tp);
-    scalar_codes[scalar_codes_n].code = code;
-    scalar_codes_n++;
+    if (PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception) || PyErr_ExceptionMatches(PyExc_MemoryError)) {
+            Py_DECREF(tp);
+            return -1;
+        }
+        /* a numpy call refused what we asked: remember only the answers that cannot change */
+        keep = PyErr_ExceptionMatches(PyExc_AttributeError) ||
+               PyErr_ExceptionMatches(PyExc_TypeError) ||
+               PyErr_ExceptionMatches(PyExc_ValueError) ||
+               PyErr_ExceptionMatches(PyExc_OverflowError);
+        PyErr_Clear();
+        code = 0;
+    }
+    for (i = 0; i < scalar_codes_n; i++)  /* learned meanwhile by a re-entered guard */
+        if (scalar_codes[i].type == tp)
+            keep = 0;
+    if (keep && scalar_codes_n < SCALAR_TYPES) {
+        scalar_codes[scalar_codes_n].type = tp;  /* the reference taken above */
+        scalar_codes[scalar_codes_n].code = code;
+        scalar_codes_n++;
+    }
+    else
+        Py_DECREF(tp);
     return code;
 }
 
@@ -1887,8 +1913,13 @@ numpy_kind(Wrapper *w, PyObject *value)
         }
         layout = layout_known;
     }
-    if (k == K_SCALAR)
+    if (k == K_SCALAR) {
         scalar = scalar_code(value);
+        if (scalar < 0) {
+            Py_XDECREF(tolist);
+            return -1;
+        }
+    }
     old_type = w->np_type;  /* the new entry is written whole, then the old one dropped */
     old_tolist = w->np_tolist;
     w->np_type = Py_NewRef((PyObject *)tp);
@@ -2009,25 +2040,28 @@ read_scalars(Wrapper *w, PyObject *value)
     if (out == NULL)
         return NULL;
     for (i = 0; i < n; i++) {
-        PyObject *item, *b = NULL;
+        PyObject *item = PySequence_Fast_GET_ITEM(value, i), *b = NULL;
         long long v;
-        if (PySequence_Fast_GET_SIZE(value) != n) {  /* learning a type ran code that */
-            Py_DECREF(out);                          /* changed the list: Python reads it */
-            Py_RETURN_NOTIMPLEMENTED;
-        }
-        item = PySequence_Fast_GET_ITEM(value, i);
         if (PyLong_CheckExact(item)) {
             PyList_SET_ITEM(out, i, Py_NewRef(item));
             continue;
         }
         if ((PyObject *)Py_TYPE(item) != w->np_type) {  /* a type not read last time */
-            int k;
-            Py_INCREF(item);  /* learning a new type runs numpy's code: hold what we read */
+            /* Learning a type may run code (numpy's; a metaclass's __hash__) that changes the
+               list: the item is held, and read only if the list still holds it there. */
+            int k, same;
+            Py_INCREF(item);
             k = numpy_kind(w, item);
-            Py_DECREF(item);
+            same = PySequence_Fast_GET_SIZE(value) == n &&
+                   PySequence_Fast_GET_ITEM(value, i) == item;
+            Py_DECREF(item);  /* the list holds it still, if same */
             if (k < 0) {
                 Py_DECREF(out);
                 return NULL;
+            }
+            if (!same) {
+                Py_DECREF(out);
+                Py_RETURN_NOTIMPLEMENTED;
             }
         }
         if ((PyObject *)Py_TYPE(item) == w->np_type && w->np_kind == K_SCALAR &&

@@ -966,3 +966,39 @@ def test_lists_of_numpy_scalars_read_as_the_careful_path_reads_them(make):
     assert all(t is int for _, types in seen[0][2] for t in types)
     repeat = set() if make is _IndexOverride else {"duplicate-id"}  # its 3 reads as 4
     assert repeat | {"bool-id"} <= {kind for kind, _ in seen[0][0]}
+
+
+def test_throwaway_scalar_subclasses_do_not_crowd_numpy_types_out():
+    """The compiled reader remembers how each numpy scalar type keeps its value in a small
+    table: heap types (subclasses, never read in place) must not take its room, or after 16
+    throw-away subclasses np.int64 would be read the slow way for the life of the process. Read
+    in place, an id's int comes from the reader's cache: the same object twice. (A fresh
+    process: the table is the module's, and other tests fill it.)"""
+    if compiled_wrappers() is None:
+        pytest.skip("kvguard._fastpath is not built: nothing compiled to test")
+    script = textwrap.dedent("""
+        import numpy as np, kvguard
+        class Pool:
+            num_blocks = 4096
+            def allocate(self, ids): return list(ids)
+            def free(self, ids): pass
+        pool = Pool()
+        g = kvguard.guard(pool, kvguard.AllocatorSpec(size="num_blocks"), stacks="off",
+                          on_violation="log")
+        pool.allocate(list(range(2000)))
+        for n in range(20):
+            sub = type(f"Sub{n}", (np.int64,), {})
+            for _ in range(2):  # learned by fastread, then met by the compiled reader
+                pool.free([sub(n), sub(n)])  # a repeat, logged
+        pool.free(list(range(2000)))
+        for _ in range(3):  # the first is read in Python (fastread learns the type), then C
+            pool.allocate([1000])
+            pool.free(np.int64(1000))
+        first, second = [op[1][0] for op in list(g.history)[-3::2]]
+        assert first == second == 1000 and type(first) is int
+        print("same" if first is second else "different")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env={**os.environ, "KVGUARD_PURE": "0"}, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == "same"

@@ -1705,7 +1705,7 @@ static int scalar_codes_n = 0;
 
 /* ``value``'s integer read from its bytes as ``code`` says: 1, or 0 where it does not fit a
    long long (a uint64 past int64: index(value) then reads it, and the ledger refuses it). */
-static int
+static inline int
 scalar_read(int code, PyObject *value, long long *out)
 {
     const char *p = (const char *)value + sizeof(PyObject);
@@ -1785,7 +1785,8 @@ scalar_code_of(PyObject *value)
             PyLong_FromLong(1), PyLong_FromLong(100),
             PyLong_FromUnsignedLongLong((1ull << (8 * itemsize - 2)) + 3),
             code & SCALAR_UNSIGNED ? PyLong_FromUnsignedLongLong(top) : PyLong_FromLong(-2)};
-        int ok = scalar_read_agrees(code, value) == 1;
+        int ok = probes[0] != NULL && probes[1] != NULL && probes[2] != NULL &&
+                 probes[3] != NULL && scalar_read_agrees(code, value) == 1;
         for (i = 0; i < 4; i++) {
             PyObject *made = ok && probes[i] != NULL
                 ? PyObject_CallOneArg((PyObject *)tp, probes[i]) : NULL;
@@ -1811,16 +1812,19 @@ done:
 
 /* scalar_code_of for ``value``'s type, asked once per numpy type and remembered (not a heap
    type, which is never read in place; nothing remembered once the table is full, or when the
-   answer was cut short). -1 with an error only for one that is not an ``Exception`` (an
-   interrupt) or a MemoryError: those stand. Learning runs numpy's code, which may re-enter a
-   guard that learns a type too: the table is searched and its room checked again after. */
+   answer was cut short). -1 with the error for one that is not an ``Exception`` (an
+   interrupt) or a MemoryError: the wrapper meets it as any reader's error (an interrupt goes
+   up; a MemoryError sends the call the careful way, as the closures' ``except Exception``).
+   Learning runs numpy's code, which may re-enter a guard that learns a type too: the table is
+   searched and its room checked again after. */
 static int
 scalar_code(PyObject *value)
 {
     PyObject *tp = (PyObject *)Py_TYPE(value);
     int i, code, keep = 1;
-    if (Py_TYPE(value)->tp_flags & Py_TPFLAGS_HEAPTYPE)
-        return 0;
+    if ((Py_TYPE(value)->tp_flags & Py_TPFLAGS_HEAPTYPE) ||
+        strncmp(Py_TYPE(value)->tp_name, "numpy.", 6) != 0)
+        return 0;  /* read by index(), and not remembered: the table is for numpy's own */
     for (i = 0; i < scalar_codes_n; i++)
         if (scalar_codes[i].type == tp)
             return scalar_codes[i].code;
@@ -1861,7 +1865,7 @@ scalar_code(PyObject *value)
 static PyObject *int_cache[INT_CACHE];
 static long long int_cache_value[INT_CACHE];
 
-static PyObject *
+static inline PyObject *
 cached_int(long long v)
 {
     size_t slot = (size_t)v & (INT_CACHE - 1);
@@ -1933,7 +1937,7 @@ numpy_kind(Wrapper *w, PyObject *value)
 }
 
 /* ``[b]``, taking over the reference to ``b`` (NULL: the error stands). */
-static PyObject *
+static inline PyObject *
 one_id(PyObject *b)
 {
     PyObject *one;
@@ -2176,6 +2180,9 @@ read_ids(Wrapper *w, PyObject *value)
         long long v;
         if (PyLong_CheckExact(value))
             return one_id(Py_NewRef(value));
+        if ((PyObject *)Py_TYPE(value) == w->np_type && w->np_scalar &&
+            scalar_read(w->np_scalar, value, &v))  /* read_numpy's scalar case, inline */
+            return one_id(cached_int(v));
         if (PyList_CheckExact(value) || PyTuple_CheckExact(value)) {
             Py_ssize_t i, n = PySequence_Fast_GET_SIZE(value);
             PyObject **items = PySequence_Fast_ITEMS(value);
@@ -2192,11 +2199,7 @@ read_ids(Wrapper *w, PyObject *value)
             }
         }
         else if (w->kinds != Py_None) {
-            PyObject *r;
-            if ((PyObject *)Py_TYPE(value) == w->np_type && w->np_scalar &&
-                scalar_read(w->np_scalar, value, &v))  /* read_numpy's scalar case, inline */
-                return one_id(cached_int(v));
-            r = read_numpy(w, value);
+            PyObject *r = read_numpy(w, value);
             if (r != Py_NotImplemented)
                 return r;
             Py_DECREF(r);

@@ -900,6 +900,21 @@ class _IntOverride(np.int64):
         return int(np.int64(self)) + 1
 
 
+def _three_ways(make_pool):
+    """A fresh pool from ``make_pool`` and its guard (log mode, stacks off) on the compiled
+    wrappers (where built), on the Python closures, and on the careful path, in turn."""
+    built = compiled_wrappers()
+    for accel, fast in ([(built, True)] if built else []) + [(None, True), (None, False)]:
+        pool = make_pool()
+        saved, shadowing.ACCEL = shadowing.ACCEL, accel
+        try:
+            g = kvguard.guard(pool, kvguard.AllocatorSpec(size="num_blocks"), stacks="off",
+                              on_violation="log", fast_path=fast)
+        finally:
+            shadowing.ACCEL = saved
+        yield pool, g
+
+
 SCALAR_MAKERS = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64,
                  np.uint64, np.longlong, np.ulonglong, np.intc, np.intp, _IndexOverride,
                  _IntOverride]
@@ -915,15 +930,7 @@ def test_numpy_integer_scalars_of_every_type_read_as_the_careful_path_reads_them
     fits = make(0).dtype.itemsize > 1  # 1027 and 2051 do not fit in a byte
     signed = make(0).dtype.kind == "i"
     seen = []
-    built = compiled_wrappers()
-    for accel, fast in ([(built, True)] if built else []) + [(None, True), (None, False)]:
-        pool = _ScalarPool(make)
-        saved, shadowing.ACCEL = shadowing.ACCEL, accel
-        try:
-            g = kvguard.guard(pool, kvguard.AllocatorSpec(size="num_blocks"), stacks="off",
-                              on_violation="log", fast_path=fast)
-        finally:
-            shadowing.ACCEL = saved
+    for pool, g in _three_ways(lambda: _ScalarPool(make)):
         got = [pool.allocate() for _ in range(4 if fits else 2)]
         for b in got[::-1] + got[-1:]:  # ids sharing a slot while the others are live; the
             pool.free(b)                 # last one is a double free
@@ -948,15 +955,7 @@ def test_lists_of_numpy_scalars_read_as_the_careful_path_reads_them(make):
     calls = [[make(b) for b in ids[:2]], [ids[2], make(ids[3])], [make(ids[0]), ids[0]],
              [make(ids[1]), True], (make(ids[1]), make(-1) if signed else 2 ** 64)]
     seen = []
-    built = compiled_wrappers()
-    for accel, fast in ([(built, True)] if built else []) + [(None, True), (None, False)]:
-        pool = _Handout()
-        saved, shadowing.ACCEL = shadowing.ACCEL, accel
-        try:
-            g = kvguard.guard(pool, kvguard.AllocatorSpec(size="num_blocks"), stacks="off",
-                              on_violation="log", fast_path=fast)
-        finally:
-            shadowing.ACCEL = saved
+    for pool, g in _three_ways(_Handout):
         pool.allocate(ids)
         for call in calls:
             pool.free(call)

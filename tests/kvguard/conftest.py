@@ -1,5 +1,6 @@
 """Fixtures the runtime's tests share."""
 
+import contextlib
 import logging
 
 import pytest
@@ -23,6 +24,26 @@ def compiled_wrappers():
     except ImportError:
         return None
     return _fastpath
+
+
+def three_ways() -> list:
+    """``(accel, fast_path)`` for a guard on the compiled wrappers (where built), on the Python
+    closures, and on the careful path: the twins that must give the same verdicts."""
+    built = compiled_wrappers()
+    return ([(built, True)] if built is not None else []) + [(None, True), (None, False)]
+
+
+@contextlib.contextmanager
+def use_wrappers(accel):
+    """Guards made inside use the compiled wrappers (``accel``) or the closures (None)."""
+    from kvguard.guard import shadowing
+
+    saved = shadowing.ACCEL
+    shadowing.ACCEL = accel
+    try:
+        yield
+    finally:
+        shadowing.ACCEL = saved
 
 
 @pytest.fixture(params=["compiled", "pure"])

@@ -34,7 +34,7 @@ from kvguard.examples import (
 from kvguard.guard import shadowing
 from kvguard.stacks import SITES
 
-from .conftest import compiled_wrappers
+from .conftest import compiled_wrappers, three_ways, use_wrappers
 from .helpers import ledger_state, snapshot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -203,12 +203,9 @@ def test_a_c_counter_at_its_limit_fails_the_call_as_the_closures_would():
     built = compiled_wrappers()
     if built is None or not isinstance(kvguard.Stats(), built.Counters):
         pytest.skip("Stats has plain int counters here: they have no limit")
-    saved, shadowing.ACCEL = shadowing.ACCEL, built
-    try:
+    with use_wrappers(built):
         a = LinkedFreeList(4)
         g = kvguard.guard(a, LINKED_FREE_LIST_SPEC, stacks="off")
-    finally:
-        shadowing.ACCEL = saved
     assert type(vars(a)["free"]) is built.Wrapper
     ids = a.allocate(3)
     g.stats.free_calls = 2 ** 63 - 1
@@ -298,14 +295,10 @@ def test_bad_ids_get_the_careful_paths_verdict(bad):
     """Each odd id goes the careful way on both implementations: the same error (or the same
     acceptance) and the same ledger as the careful path."""
     seen = []
-    built = compiled_wrappers()
-    for accel, fast in ([(built, True)] if built else []) + [(None, True), (None, False)]:
+    for accel, fast in three_ways():
         a = LinkedFreeList(4)
-        saved, shadowing.ACCEL = shadowing.ACCEL, accel
-        try:
+        with use_wrappers(accel):
             g = kvguard.guard(a, LINKED_FREE_LIST_SPEC, stacks="off", fast_path=fast)
-        finally:
-            shadowing.ACCEL = saved
         a.allocate(2)
         value = copy.copy(bad) if not hasattr(bad, "__next__") else (x for x in [0])
         try:
@@ -369,11 +362,8 @@ def test_no_memory_grows_over_100k_calls(implementation):
 
 def _sites_of(accel, stacks):
     a = LinkedFreeList(8)
-    saved, shadowing.ACCEL = shadowing.ACCEL, accel
-    try:
+    with use_wrappers(accel):
         g = kvguard.guard(a, LINKED_FREE_LIST_SPEC, stacks=stacks)
-    finally:
-        shadowing.ACCEL = saved
     ids = a.allocate(2)  # one line for both implementations: the same caller frames
     a.free(ids[:1])
     return g, [g.ledger().origin[b] for b in ids], g.ledger().freed_at[ids[0]]
@@ -441,14 +431,10 @@ def test_a_drained_iterator_is_forwarded_by_position_or_keyword(by_keyword):
 
     spec = SHAPES["id_attr_hinted"][1]
     seen = []
-    built = compiled_wrappers()
-    for accel, fast in ([(built, True)] if built else []) + [(None, True), (None, False)]:
+    for accel, fast in three_ways():
         a = TolerantPool(objects=True)
-        saved, shadowing.ACCEL = shadowing.ACCEL, accel
-        try:
+        with use_wrappers(accel):
             g = kvguard.guard(a, spec, stacks="off", fast_path=fast)
-        finally:
-            shadowing.ACCEL = saved
         blocks = a.allocate(3)
         a.share(blocks[:1])
         if by_keyword:
@@ -831,12 +817,9 @@ def test_an_array_read_by_name_gets_the_python_readers_verdict(fake):
     fastread.KINDS[FakeArray] = fastread.ARRAY
     try:
         for accel in ([built] if built else []) + [None]:
-            saved, shadowing.ACCEL = shadowing.ACCEL, accel
-            try:
+            with use_wrappers(accel):
                 a = LinkedFreeList(8)
                 g = kvguard.guard(a, LINKED_FREE_LIST_SPEC, stacks="off")
-            finally:
-                shadowing.ACCEL = saved
             ids = a.allocate(3)
             try:
                 a.free(FakeArray(ids[:2], **fake))
@@ -903,15 +886,11 @@ class _IntOverride(np.int64):
 def _three_ways(make_pool):
     """A fresh pool from ``make_pool`` and its guard (log mode, stacks off) on the compiled
     wrappers (where built), on the Python closures, and on the careful path, in turn."""
-    built = compiled_wrappers()
-    for accel, fast in ([(built, True)] if built else []) + [(None, True), (None, False)]:
+    for accel, fast in three_ways():
         pool = make_pool()
-        saved, shadowing.ACCEL = shadowing.ACCEL, accel
-        try:
+        with use_wrappers(accel):
             g = kvguard.guard(pool, kvguard.AllocatorSpec(size="num_blocks"), stacks="off",
                               on_violation="log", fast_path=fast)
-        finally:
-            shadowing.ACCEL = saved
         yield pool, g
 
 

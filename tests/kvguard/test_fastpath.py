@@ -13,7 +13,6 @@ The allocator is a tolerant model written here (it never raises and reads ids le
 that whatever a mode forwards reaches it and both twins stay comparable.
 """
 
-import contextlib
 import operator
 
 import numpy as np
@@ -26,7 +25,7 @@ import kvguard
 from kvguard.guard import careful, shadowing
 from kvguard.marks import THE_ALLOCATOR
 
-from .conftest import compiled_wrappers
+from .conftest import three_ways, use_wrappers
 from .helpers import ledger_state
 
 SIZE = 10
@@ -360,10 +359,8 @@ def seen(guard):
 def twins_of(kind, spec, mode, stacks):
     """The twins a trace is replayed on: the fast path in C (when built), the fast path in
     Python (the closures, the reference), and the careful path."""
-    built = compiled_wrappers()
-    configs = ([(built, True)] if built is not None else []) + [(None, True), (None, False)]
     out = []
-    for accel, fast in configs:
+    for accel, fast in three_ways():
         allocator = twin(kind)
         # "sampled": staging's sample= (the capture the compiled wrappers call in Python)
         options = {"stacks": "cheap", "sample": 2} if stacks == "sampled" else {"stacks": stacks}
@@ -371,17 +368,6 @@ def twins_of(kind, spec, mode, stacks):
             guard = kvguard.guard(allocator, spec, on_violation=mode, fast_path=fast, **options)
         out.append((allocator, guard))
     return out
-
-
-@contextlib.contextmanager
-def use_wrappers(accel):
-    """Guards made inside use the compiled wrappers (``accel``) or the closures (None)."""
-    saved = shadowing.ACCEL
-    shadowing.ACCEL = accel
-    try:
-        yield
-    finally:
-        shadowing.ACCEL = saved
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))

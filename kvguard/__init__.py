@@ -19,12 +19,12 @@ this is library code, not test code, so it is never rewritten and never warned a
 from . import kinds
 from .errors import (
     BadFreeError, BoolIdError, ConsumedIterableError, DoubleFreeError, DuplicateIdError,
-    ForeignIdError, InconsistentError, InvalidIdError, KVGuardError, LeakError, SharedBlockError,
-    StaleTableError, TensorIdError, WriteAfterFreeError,
+    ForeignIdError, FreeInFlightError, InconsistentError, InvalidIdError, KVGuardError, LeakError,
+    SharedBlockError, StaleFreeError, StaleTableError, TensorIdError, WriteAfterFreeError,
 )
 from .guard import Guard, Stats, guard, guard_of, guards, subscribe
 from .ledger import LiveBlock
-from .owners import current_owner, owner
+from .owners import current_holder, current_owner, owner
 from .registry import instrument, instrumented, register, registered, uninstrument, unregister
 from .violation import Violation
 from .spec import AllocatorSpec
@@ -33,10 +33,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AllocatorSpec", "BadFreeError", "BoolIdError", "ConsumedIterableError", "DoubleFreeError",
-    "DuplicateIdError", "ForeignIdError", "Guard", "InconsistentError", "InvalidIdError",
-    "KVGuardError", "LeakError", "LiveBlock", "SharedBlockError", "StaleTableError", "Stats",
-    "TensorIdError", "Violation", "WriteAfterFreeError", "current_owner", "guard", "guard_cache",
-    "guard_writes", "guard_of", "guards", "instrument", "instrumented", "kinds", "owner", "register",
+    "DuplicateIdError", "ForeignIdError", "FreeInFlightError", "Guard", "InconsistentError",
+    "InvalidIdError", "KVGuardError", "LeakError", "LiveBlock", "SharedBlockError",
+    "StaleFreeError", "StaleTableError", "Stats", "TensorIdError", "Violation",
+    "WriteAfterFreeError", "current_holder", "current_owner", "guard", "guard_cache", "guard_of",
+    "guard_writes", "guards", "instrument", "instrumented", "kinds", "owner", "register",
     "registered", "subscribe", "uninstrument", "unregister",
 ]
 

@@ -1519,14 +1519,18 @@ swallow(void)
     return -1;
 }
 
+/* Ledger.hot: the columns, the refcounted pool's uncertain set, the pool key, the holder
+   column, the sparse maps of several-holder blocks and of leased blocks, and the context
+   variable a call's holder is read from. Borrowed from the tuple, which the caller holds. */
 typedef struct {
-    PyObject *stamp, *origin, *freed, *ref, *uncertain, *pool;
+    PyObject *stamp, *origin, *freed, *ref, *uncertain, *pool, *holder, *holders, *leased,
+             *holder_var;
 } Hot;
 
 static int
 unpack_hot(PyObject *hot, Hot *h)
 {
-    if (!PyTuple_CheckExact(hot) || PyTuple_GET_SIZE(hot) != 6)
+    if (!PyTuple_CheckExact(hot) || PyTuple_GET_SIZE(hot) != 10)
         return 0;
     h->stamp = PyTuple_GET_ITEM(hot, 0);
     h->origin = PyTuple_GET_ITEM(hot, 1);
@@ -1534,7 +1538,13 @@ unpack_hot(PyObject *hot, Hot *h)
     h->ref = PyTuple_GET_ITEM(hot, 3);
     h->uncertain = PyTuple_GET_ITEM(hot, 4);
     h->pool = PyTuple_GET_ITEM(hot, 5);
-    if (!is_column(h->stamp, 'q') || !is_column(h->origin, 'I') || !is_column(h->freed, 'I'))
+    h->holder = PyTuple_GET_ITEM(hot, 6);
+    h->holders = PyTuple_GET_ITEM(hot, 7);
+    h->leased = PyTuple_GET_ITEM(hot, 8);
+    h->holder_var = PyTuple_GET_ITEM(hot, 9);
+    if (!is_column(h->stamp, 'q') || !is_column(h->origin, 'I') || !is_column(h->freed, 'I')
+        || !is_column(h->holder, 'I') || !PyDict_CheckExact(h->holders)
+        || !PyDict_CheckExact(h->leased) || !PyContextVar_CheckExact(h->holder_var))
         return 0;
     if (h->ref == Py_None)
         h->ref = NULL;
@@ -1542,6 +1552,72 @@ unpack_hot(PyObject *hot, Hot *h)
         return 0;
     if (!PySet_CheckExact(h->uncertain))
         return 0;
+    return 1;
+}
+
+/* The holder of this call (ACTIVE_HOLDER's value) as a C integer: 0 for none; -1 with an error
+   set. A value that is not a small exact int (never set so by kvguard) reads as "unknown": the
+   call goes careful, where the ledger's own methods decide. */
+static long long
+holder_now(Hot *h, int *exact)
+{
+    PyObject *v = NULL;
+    long long out;
+    int valid;
+    if (PyContextVar_Get(h->holder_var, NULL, &v) < 0)
+        return -1;
+    if (v == NULL) {
+        *exact = 1;
+        return 0;
+    }
+    out = as_ll(v, &valid);
+    Py_DECREF(v);
+    *exact = valid && out >= 0 && out <= 0xFFFFFFFFLL;
+    return *exact ? out : 0;
+}
+
+/* Whether block ``b`` is a key of the sparse map ``map`` (1, 0, or -1 with an error set). The
+   key is made anew from the C value: nothing of the caller's list is read here. */
+static int
+in_map(PyObject *map, long long b)
+{
+    PyObject *key;
+    int found;
+    if (PyDict_GET_SIZE(map) == 0)
+        return 0;
+    key = PyLong_FromLongLong(b);
+    if (key == NULL)
+        return -1;
+    found = PyDict_Contains(map, key);
+    Py_DECREF(key);
+    return found;
+}
+
+/* [owners] Whether the fast path may take a release (or, with ``share``, a share) of
+   ``bids`` for ``holder``: none of the blocks has several holders, and none is held by
+   another holder (for a share, only a live one counts: reviving a free block takes it over).
+   1 yes, 0 no (careful path), -1 error. */
+static int
+holders_ok(Hot *h, const long long *bids, Py_ssize_t n, long long holder, int share)
+{
+    Py_ssize_t i;
+    const uint32_t *held = (const uint32_t *)ARR(h->holder)->ob_item;
+    const int64_t *stamp = (const int64_t *)ARR(h->stamp)->ob_item;
+    Py_ssize_t hsize = Py_SIZE(h->holder), ssize = Py_SIZE(h->stamp);
+    if (!holder && PyDict_GET_SIZE(h->holders) == 0)
+        return 1;
+    for (i = 0; i < n; i++) {
+        long long b = bids[i];
+        int found = in_map(h->holders, b);
+        if (found)
+            return found < 0 ? -1 : 0;
+        if (holder) {
+            if (b >= hsize || b >= ssize)
+                return 0;
+            if (held[b] != 0 && (long long)held[b] != holder && (!share || stamp[b] > 0))
+                return 0;
+        }
+    }
     return 1;
 }
 
@@ -2267,7 +2343,7 @@ release_locked(Wrapper *w, Call *c)
     PyObject *drained = NULL, *ids = NULL, *hot = NULL, *held = NULL;
     PyObject *who = NULL, *site = NULL, *result = NULL, *clock = NULL, *negclock = NULL;
     PyObject *ret = NULL;
-    long long small[SMALL], *bids = small;
+    long long small[SMALL], *bids = small, holder = 0;
     Hot h;
     Py_ssize_t n, i;
 
@@ -2357,6 +2433,19 @@ release_locked(Wrapper *w, Call *c)
                     goto careful;
             }
         }
+        {
+            int exact, ok;
+            holder = holder_now(&h, &exact);
+            if (holder < 0)
+                goto error;
+            if (!exact)
+                goto careful;
+            ok = holders_ok(&h, bids, n, holder, share);
+            if (ok < 0)
+                goto error;
+            if (!ok)
+                goto careful;
+        }
         /* the fast path */
         if (share) {
             who = owner_now(w);
@@ -2394,7 +2483,8 @@ release_locked(Wrapper *w, Call *c)
                         goto error;
                     if (s <= 0) {
                         if (set_q(h.stamp, bids[i], cl, cv, clock) < 0 ||
-                            set_u32(h.origin, bids[i], st, sv, site) < 0)
+                            set_u32(h.origin, bids[i], st, sv, site) < 0 ||
+                            set_u32(h.holder, bids[i], holder, 1, NULL) < 0)
                             goto error;
                     }
                 }
@@ -2505,7 +2595,7 @@ allocate_locked(Wrapper *w, Call *c)
 {
     PyObject *result, *ids = NULL, *hot = NULL, *who = NULL, *site = NULL, *clock = NULL;
     PyObject *ret = NULL;
-    long long small[SMALL], *bids = small;
+    long long small[SMALL], *bids = small, holder = 0;
     Hot h;
     Py_ssize_t n, i;
 
@@ -2540,10 +2630,29 @@ allocate_locked(Wrapper *w, Call *c)
             }
         }
         {
-            int ok = ids_ok(ids, &h, 2, bids);
+            int ok = ids_ok(ids, &h, 2, bids), exact;
             if (ok < 0)
                 goto error;
             if (!ok)
+                goto careful;
+            /* [owners, leases] a block of several holders, or one an open lease covers:
+               the careful path's (it clears the first, and names the second) */
+            if (PyDict_GET_SIZE(h.holders) || PyDict_GET_SIZE(h.leased)) {
+                for (i = 0; i < n; i++) {
+                    int a = in_map(h.holders, bids[i]), b;
+                    if (a < 0)
+                        goto error;
+                    b = a ? 0 : in_map(h.leased, bids[i]);
+                    if (b < 0)
+                        goto error;
+                    if (a || b)
+                        goto careful;
+                }
+            }
+            holder = holder_now(&h, &exact);
+            if (holder < 0)
+                goto error;
+            if (!exact)
                 goto careful;
         }
         who = owner_now(w);
@@ -2560,7 +2669,8 @@ allocate_locked(Wrapper *w, Call *c)
             long long cl = as_ll(clock, &cv), st = as_ll(site, &sv);
             for (i = 0; i < n; i++) {
                 if (set_q(h.stamp, bids[i], cl, cv, clock) < 0 ||
-                    set_u32(h.origin, bids[i], st, sv, site) < 0)
+                    set_u32(h.origin, bids[i], st, sv, site) < 0 ||
+                    set_u32(h.holder, bids[i], holder, 1, NULL) < 0)
                     goto error;
             }
             if (h.ref != NULL) {

@@ -52,6 +52,19 @@ class ConsumedIterableError(BadFreeError):
     kind = kinds.CONSUMED_ITERABLE
 
 
+class StaleFreeError(BadFreeError):
+    """A release by a request that holds no reference to a block another request holds: the
+    late free of a request whose block was already handed on (an abort or a preemption racing
+    the path that frees it)."""
+    kind = kinds.STALE_FREE
+
+
+class FreeInFlightError(KVGuardError):
+    """A block that a step still in flight uses was handed out again before that step's
+    output was processed."""
+    kind = kinds.FREE_IN_FLIGHT
+
+
 class SharedBlockError(KVGuardError):
     kind = kinds.SHARED_BLOCK
 
@@ -76,7 +89,8 @@ ERROR_FOR_KIND = {
     cls.kind: cls
     for cls in (
         DoubleFreeError, DuplicateIdError, BoolIdError, TensorIdError, InvalidIdError,
-        ForeignIdError, ConsumedIterableError, SharedBlockError, StaleTableError,
+        ForeignIdError, ConsumedIterableError, StaleFreeError, SharedBlockError,
+        FreeInFlightError, StaleTableError,
         WriteAfterFreeError, LeakError, InconsistentError,
     )
 }

@@ -1,13 +1,19 @@
 """The ledger: what kvguard believes about every block of one pool.
 
-Three parallel ``array`` columns, 16 bytes per block (20 for refcounted pools):
+Four parallel ``array`` columns, 20 bytes per block (24 for refcounted pools):
 
 - ``stamp`` (int64): ``+n`` while the block is live, handed out by the guard's call number
   ``n``; ``-m`` once it is free again, freed by call ``m``; ``0`` if the ledger never saw it
   handed out. One read says live / tombstone / unknown, and the numbers order events in reports.
 - ``origin`` (uint32): the interned allocation site together with the owner active then.
 - ``freed_at`` (uint32): the interned site of the last free.
+- ``holder`` (uint32): the interned holder (``kvguard.owners``) the block was handed to, 0 for
+  none; kept after the block is freed (who held it last).
 - ``ref`` (int32, refcounted pools only): references held.
+
+Two sparse maps cost nothing while empty: ``holders`` (a refcounted block referenced by more
+than one holder: holder -> references) and ``leased`` (blocks a step still in flight uses:
+block -> open leases).
 
 Tombstones are kept forever, so a double free is caught however late it comes (AddressSanitizer
 only catches it inside its quarantine window). The guard reads and writes the columns directly
@@ -20,7 +26,7 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass
 
-from .owners import OWNERS
+from .owners import ACTIVE_HOLDER, OWNERS
 from .stacks import SITES
 from .violation import BlockHistory
 
@@ -38,6 +44,8 @@ class LiveBlock:
     allocated_by_call: int
     allocated_at: list
     pool: object = None
+    holder: object = None
+    """The request holding it (``kvguard.owner`` or an engine adapter), None if not known."""
 
 
 def _zeros(code: str, n: int) -> array:
@@ -55,7 +63,12 @@ class Ledger:
         self.stamp = _zeros("q", n)
         self.origin = _zeros("I", n)
         self.freed_at = _zeros("I", n)
+        self.holder = _zeros("I", n)
         self.ref = _zeros("i", n) if refcounted else None
+        self.holders: dict = {}
+        """Blocks referenced by more than one holder: ``{block: {holder: references}}``."""
+        self.leased: dict = {}
+        """Blocks an open in-flight lease covers: ``{block: open leases}``."""
         self.refcounted = refcounted
         self.learn = learn
         """Accept frees of never-seen ids as blocks handed out before the guard attached."""
@@ -69,15 +82,17 @@ class Ledger:
         dropping below the ledger's count is learned rather than called a double free, and a
         hand-out while the ledger holds them live is no ``shared-block``, until the allocator
         hands them out again."""
-        self.hot = (self.stamp, self.origin, self.freed_at, self.ref, self.uncertain, pool)
+        self.hot = (self.stamp, self.origin, self.freed_at, self.ref, self.uncertain, pool,
+                    self.holder, self.holders, self.leased, ACTIVE_HOLDER)
         """What the guard's fast path reads and writes, in one tuple (columns grow in place
-        and are never replaced, so it stays valid)."""
+        and are never replaced, so it stays valid). The last item is the context variable the
+        holder of a call is read from."""
 
     def __len__(self) -> int:
         return len(self.stamp)
 
     def columns(self) -> tuple:
-        cols = (self.stamp, self.origin, self.freed_at)
+        cols = (self.stamp, self.origin, self.freed_at, self.holder)
         return cols + (self.ref,) if self.ref is not None else cols
 
     def nbytes(self) -> int:
@@ -111,24 +126,34 @@ class Ledger:
         self.size = size
         # In place: ``hot`` holds this very set, and the fast path writes through it.
         self.uncertain.difference_update([b for b in self.uncertain if b >= size])
+        for sparse in (self.holders, self.leased):
+            for b in [b for b in sparse if b >= size]:
+                del sparse[b]
 
     # --- state changes: each takes ids the guard has already validated ---
 
-    def allocate(self, ids, clock: int, site: int) -> None:
+    def allocate(self, ids, clock: int, site: int, holder: int = 0) -> None:
         """Hand out ``ids`` (each free or unknown, in range, room made, each once)."""
-        stamp, origin, ref = self.stamp, self.origin, self.ref
+        stamp, origin, ref, holders = self.stamp, self.origin, self.ref, self.holders
+        held_by = self.holder
         for b in ids:
             stamp[b] = clock
             origin[b] = site
+            held_by[b] = holder
+            if holders:
+                holders.pop(b, None)
         if ref is not None:
             for b in ids:
                 ref[b] = 1
             if self.uncertain:
                 self.uncertain.difference_update(ids)
 
-    def release(self, ids, clock: int, site: int) -> int:
-        """Drop one reference from each of ``ids`` (each live, each once); return blocks freed."""
+    def release(self, ids, clock: int, site: int, holder: int = 0) -> int:
+        """Drop one reference from each of ``ids`` (each live, each once); return blocks freed.
+        ``holder``'s own reference is the one dropped where the block has several holders."""
         stamp, freed_at, ref = self.stamp, self.freed_at, self.ref
+        if self.holders:
+            self.drop_holders(ids, holder)
         if ref is None:
             for b in ids:
                 stamp[b] = -clock
@@ -144,15 +169,63 @@ class Ledger:
                 freed += 1
         return freed
 
-    def share(self, ids, clock: int, site: int) -> None:
-        """Add a reference to each of ``ids``; a free cached block (tombstone) comes back live."""
-        stamp, origin, ref = self.stamp, self.origin, self.ref
+    def share(self, ids, clock: int, site: int, holder: int = 0) -> None:
+        """Add a reference to each of ``ids``; a free cached block (tombstone) comes back live.
+        A live block ``holder`` takes a reference to beside another holder gets a ``holders``
+        entry."""
+        stamp, origin, ref, held_by, holders = (self.stamp, self.origin, self.ref, self.holder,
+                                                self.holders)
         for b in ids:
             if stamp[b] <= 0:
                 stamp[b] = clock
                 origin[b] = site
+                held_by[b] = holder
+                if holders:
+                    holders.pop(b, None)
+            elif holder and ref is not None:
+                first = held_by[b]
+                if b in holders:
+                    counts = holders[b]
+                    counts[holder] = counts.get(holder, 0) + 1
+                elif first and first != holder:
+                    holders[b] = {first: max(ref[b], 1), holder: 1}
             if ref is not None:
                 ref[b] += 1
+
+    def drop_holders(self, ids, holder: int) -> None:
+        """A release of ``ids`` by ``holder`` (0: unknown) drops its reference from blocks with
+        several holders; a block left with one holder goes back to the ``holder`` column."""
+        holders, held_by = self.holders, self.holder
+        for b in ids:
+            counts = holders.get(b)
+            if counts is None:
+                continue
+            left = counts.get(holder, 0) - 1
+            if left > 0:
+                counts[holder] = left
+            else:
+                counts.pop(holder, None)
+            if len(counts) <= 1:
+                del holders[b]
+                if counts:
+                    held_by[b] = next(iter(counts))
+
+    def holds(self, b: int, holder: int) -> bool:
+        """Whether ``holder`` may release block ``b``: it holds a reference, or the block's
+        holders are not known (no holder recorded, or none active)."""
+        if not holder:
+            return True
+        counts = self.holders.get(b)
+        if counts is not None:
+            return holder in counts
+        first = self.holder[b]
+        return not first or first == holder
+
+    def holder_of(self, b: int) -> object:
+        """The label of the holder of ``b`` (the first of several), None when not known."""
+        counts = self.holders.get(b)
+        index = next(iter(counts)) if counts else self.holder[b]
+        return OWNERS.labels[index]
 
     def adopt(self, ids, clock: int) -> None:
         """Mark ids as live without a known allocation (seeded or learned on attach)."""
@@ -170,6 +243,7 @@ class Ledger:
         a resize); returns their ids."""
         live = self.live_ids()
         stamp, freed_at, ref = self.stamp, self.freed_at, self.ref
+        self.holders.clear()
         for b in live:
             stamp[b] = -clock
             freed_at[b] = site
@@ -240,7 +314,8 @@ class Ledger:
             return LiveBlock(b, 0, None, 0, [], self.pool)
         site = self.origin[b]
         return LiveBlock(b, self.refcount(b), OWNERS.labels[SITES.owner(site)],
-                         max(self.stamp[b], 0), SITES.frames(site), self.pool)
+                         max(self.stamp[b], 0), SITES.frames(site), self.pool,
+                         self.holder_of(b) if self.stamp[b] > 0 else None)
 
 
 def _positive(column) -> list[int]:

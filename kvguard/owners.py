@@ -1,19 +1,35 @@
 """Owner labels: who a block was handed out for (a request id, a test's node id).
 
-``with kvguard.owner(label):`` makes a label active in the current context (thread or task);
-every site the guard captures inside carries its interned number, so reports, ``Guard.live``
-and the pytest plugin's leak checks can say whose a block is. Labels are interned to small ints
-so a site key stays a tuple of ints and the ledger stores no label per block.
+Two things are told apart, because they answer two questions:
+
+- the *label* a site carries (``ACTIVE_OWNER``): whose work it was, for reports and for the
+  pytest plugin's leak checks (a test's node id). Every site the guard captures inside carries
+  its interned number.
+- the *holder* (``ACTIVE_HOLDER``): the request that takes a reference to a block and must be
+  the one that gives it back. The ledger keeps it per block (one uint32), and a release by a
+  holder that holds no reference while another holder does is a ``stale-free``: the late
+  free of a request whose block was already handed on.
+
+``with kvguard.owner(label):`` sets both (a user's own request label). The engines' adapters
+set the holder alone at the request boundary (``holding``), so a test's label still attributes
+what its requests leak; the plugin sets the label alone (``labelled``). Labels are interned to
+small ints so a site key stays a tuple of ints.
 """
 
 from __future__ import annotations
 
 from contextvars import ContextVar
 
+import threading
+
 ACTIVE_OWNER: ContextVar = ContextVar("kvguard_owner", default=0)
 """The interned number of the owner active in this context (0: none). The guard's fast paths
 read it with ``ACTIVE_OWNER.get()`` rather than through ``current_owner()``, which looks the
 label up."""
+
+ACTIVE_HOLDER: ContextVar = ContextVar("kvguard_holder", default=0)
+"""The interned number of the holder active in this context (0: none, and then no ownership
+check is made). Read on the guard's fast paths (the closures and the compiled wrappers)."""
 
 
 class _Owners:
@@ -54,20 +70,89 @@ reverse."""
 class owner:
     """``with kvguard.owner("req-7"):`` blocks handed out inside belong to "req-7".
 
-    Reports name the owner of a block, and ``Guard.live`` / leak checks can filter by it. The
-    pytest plugin sets each test's node id as the owner while it runs.
+    Reports name the owner of a block, and ``Guard.live`` / leak checks can filter by it. It
+    is also the blocks' holder: a free inside ``kvguard.owner("req-9")`` of a block "req-7"
+    holds (and "req-9" does not) is a ``stale-free``. ``owner(None)`` clears both inside.
     """
+
+    _sets_label = True
+    _sets_holder = True
 
     def __init__(self, label) -> None:
         self._index = OWNERS.intern(label)
-        self._token = None
+        self._tokens = None
 
     def __enter__(self):
-        self._token = ACTIVE_OWNER.set(self._index)
+        self._tokens = (ACTIVE_OWNER.set(self._index) if self._sets_label else None,
+                        ACTIVE_HOLDER.set(self._index) if self._sets_holder else None)
         return self
 
     def __exit__(self, *exc) -> None:
-        ACTIVE_OWNER.reset(self._token)
+        label, holder = self._tokens
+        if holder is not None:
+            ACTIVE_HOLDER.reset(holder)
+        if label is not None:
+            ACTIVE_OWNER.reset(label)
+
+
+class labelled(owner):
+    """``owner`` for attribution alone: sites carry the label, no holder is set (the pytest
+    plugin's test labels: a block a module-scoped fixture allocated in one test may well be
+    freed in the next)."""
+
+    _sets_holder = False
+
+
+class holding(owner):
+    """``owner`` for the holder alone: what the engines' adapters set at the request boundary
+    (``holding(request.request_id)``), leaving the label (a test's node id) in place."""
+
+    _sets_label = False
+
+
+def current_holder() -> object:
+    """The holder active in this context (None outside any holder)."""
+    return OWNERS.labels[ACTIVE_HOLDER.get()]
+
+
+_thread_start = None
+
+
+def follow_threads() -> None:
+    """Threads started from now on run under the label and holder active where ``start()`` was
+    called, as asyncio tasks already do: a leak or a violation in an engine's own worker thread
+    is attributed to the test (or request) that started it. Idempotent; ``unfollow_threads``
+    undoes it."""
+    global _thread_start
+    if _thread_start is not None:
+        return
+    original = threading.Thread.start
+
+    def start(self, *args, **kwargs):
+        label, holder = ACTIVE_OWNER.get(), ACTIVE_HOLDER.get()
+        if label or holder:
+            run = self.run
+
+            def run_as_started():
+                ACTIVE_OWNER.set(label)
+                ACTIVE_HOLDER.set(holder)
+                return run()
+            self.run = run_as_started
+        return original(self, *args, **kwargs)
+
+    start.__wrapped__ = original
+    start.__kvguard_follow__ = True
+    _thread_start = original
+    threading.Thread.start = start
+
+
+def unfollow_threads() -> None:
+    global _thread_start
+    if _thread_start is None:
+        return
+    if getattr(threading.Thread.start, "__kvguard_follow__", False):
+        threading.Thread.start = _thread_start
+    _thread_start = None
 
 
 def current_owner() -> object:

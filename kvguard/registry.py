@@ -25,8 +25,10 @@ import os
 import sys
 import threading
 
+from . import boundaries
 from .logger import emit
 from .marks import guard_of
+from .owners import follow_threads, unfollow_threads
 from .spec import AllocatorSpec
 
 _specs: dict[str, AllocatorSpec] = {}
@@ -60,9 +62,11 @@ def _load_builtins() -> None:
     if _builtins_loaded:
         return
     _builtins_loaded = True
-    from .adapters import BUILTIN_SPECS
+    from .adapters import BUILTIN_BOUNDARIES, BUILTIN_SPECS
     for name, spec in BUILTIN_SPECS.items():
         _specs.setdefault(name, spec)
+    for name, methods in BUILTIN_BOUNDARIES.items():
+        boundaries.declare(name, **methods)
 
 
 def register(cls_or_name, spec: AllocatorSpec) -> None:
@@ -119,6 +123,8 @@ def instrument(**guard_options) -> None:
             sys.meta_path.insert(0, _FINDER)
         for name in list(_specs):
             _patch_if_imported(name)
+        boundaries.instrument()  # the engines' request and step boundaries (owners, leases)
+        follow_threads()  # threads started under a test or request run as it
 
 
 def uninstrument() -> None:
@@ -133,6 +139,8 @@ def uninstrument() -> None:
         for (cls, name), func in list(_dispatched.items()):
             setattr(cls, name, func)
         _dispatched.clear()
+        boundaries.uninstrument()
+        unfollow_threads()
 
 
 def _resolve(name: str):
@@ -279,7 +287,8 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
 
     def find_spec(self, fullname, path=None, target=None):
         with _lock:
-            wanted = any(name.rpartition(".")[0] == fullname for name in _specs)
+            wanted = any(name.rpartition(".")[0] == fullname for name in _specs) or (
+                fullname in boundaries.modules())
         if not wanted or getattr(_constructing, "finding", False):
             return None
         _constructing.finding = True
@@ -311,6 +320,7 @@ class _PatchingLoader(importlib.abc.Loader):
             for name in list(_specs):
                 if name.rpartition(".")[0] == self._fullname:
                     _patch_if_imported(name)
+        boundaries.on_import(self._fullname)
 
     def __getattr__(self, name):
         return getattr(self._loader, name)

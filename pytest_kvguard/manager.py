@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 
 import kvguard
+from kvguard.owners import labelled
 from kvguard import registry
 
 from . import results
@@ -146,7 +147,7 @@ class Manager:
         if state is None or state.item is not item:
             state = self._begin(item)
         state.phase = phase
-        owner = kvguard.owner(state.labels[label_index])
+        owner = labelled(state.labels[label_index])
         owner.__enter__()
         state.owners.append(owner)
 
@@ -191,7 +192,7 @@ class Manager:
             return (yield)
         label = f"{fixturedef.scope}-scoped fixture {fixturedef.argname!r}"
         self.leak_summary.wide_labels.add(label)
-        context = kvguard.owner(label)
+        context = labelled(label)
         self._fixtures.append((fixturedef, f"setup of {label}", context))
         try:
             with context:
@@ -203,7 +204,7 @@ class Manager:
     def _fixture_teardown(self, fixturedef, label) -> None:
         # Finalizers run last-in first-out: this one runs before the fixture's own teardown,
         # and pytest_fixture_post_finalizer closes the span after it.
-        context = kvguard.owner(label)
+        context = labelled(label)
         context.__enter__()
         self._fixtures.append((fixturedef, f"teardown of {label}", context))
 

@@ -12,6 +12,10 @@ from .deepspeed import SPECS as _DEEPSPEED
 from .huggingface import SPECS as _HUGGINGFACE
 from .lmcache import SPECS as _LMCACHE
 from .sglang import SPECS as _SGLANG
+from .vllm import BOUNDARIES as _VLLM_BOUNDARIES
 from .vllm import SPECS as _VLLM
 
 BUILTIN_SPECS = {**_DEEPSPEED, **_VLLM, **_SGLANG, **_HUGGINGFACE, **_LMCACHE}
+
+BUILTIN_BOUNDARIES = {**_VLLM_BOUNDARIES}
+"""The engines' request and step boundaries (``kvguard.boundaries``), by dotted class name."""

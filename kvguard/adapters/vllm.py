@@ -98,3 +98,76 @@ SPECS = {
         adapter=adapter(_sync_refcounts, freeing("unpin_blocks")),
     ),
 }
+
+
+# --- the request lifecycle around the pool (kvguard.boundaries) -----------------------------
+#
+# ``KVCacheManager`` acts for one request in each of these: while it runs, that request is the
+# holder of what the pool hands out and the one whose releases are checked (``stale-free``).
+# The ``Scheduler``'s steps are leased: ``schedule()`` returns what a step will use (the blocks
+# of every scheduled request), ``update_from_output(output, ...)`` ends it. A preemption drops
+# the request's part of the steps in flight (its stale output is never written back into its
+# blocks as its own), so its blocks may be reused at once, as vLLM does.
+
+KV_CACHE_MANAGER = "vllm.v1.core.kv_cache_manager.KVCacheManager"
+SCHEDULER = "vllm.v1.core.sched.scheduler.Scheduler"
+
+
+def _request_id(args, kwargs):
+    request = args[0] if args else kwargs.get("request")
+    return getattr(request, "request_id", None)
+
+
+def _request_id_arg(args, kwargs):
+    return args[0] if args else kwargs.get("request_id")
+
+
+def _pool_guard(scheduler):
+    pool = getattr(getattr(scheduler, "kv_cache_manager", None), "block_pool", None)
+    return guard_of(pool) if pool is not None else None
+
+
+def _in_flight(scheduler) -> dict:
+    """The outputs of the steps in flight, by id (held, so an id is not reused meanwhile)."""
+    return scheduler.__dict__.setdefault("_kvguard_in_flight", {})
+
+
+def _scheduled(scheduler, output) -> None:
+    guard = _pool_guard(scheduler)
+    if guard is None or output is None:
+        return
+    manager = scheduler.kv_cache_manager
+    step = ("vllm step", id(output))
+    _in_flight(scheduler)[id(output)] = output
+    for request_id in getattr(output, "num_scheduled_tokens", {}) or {}:
+        blocks = [block for group in manager.get_blocks(request_id).blocks for block in group
+                  if not block.is_null]
+        guard.begin_step(step, blocks, request=request_id)
+
+
+def _processed(scheduler, args, kwargs) -> None:
+    output = args[0] if args else kwargs.get("scheduler_output")
+    guard = _pool_guard(scheduler)
+    _in_flight(scheduler).pop(id(output), None)
+    if guard is not None:
+        guard.end_step(("vllm step", id(output)))
+
+
+def _preempted(scheduler, args, kwargs) -> None:
+    request = args[0] if args else kwargs.get("request")
+    guard = _pool_guard(scheduler)
+    if guard is not None and request is not None:
+        guard.void_in_flight(request.request_id)
+
+
+BOUNDARIES = {
+    KV_CACHE_MANAGER: {
+        "allocate_slots": _request_id, "free": _request_id,
+        "remove_skipped_blocks": _request_id_arg,
+    },
+    SCHEDULER: {
+        "schedule": ("begin", _scheduled),
+        "update_from_output": ("end", _processed),
+        "_preempt_request": ("end", _preempted),
+    },
+}

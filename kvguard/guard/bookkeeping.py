@@ -9,8 +9,10 @@ same columns inline, in the same way; a differential test holds the two together
 from __future__ import annotations
 
 from ..ids import result_ids
+from ..owners import ACTIVE_HOLDER
 from ..spec import per_pool, read
-from . import baseline, evidence
+from .. import kinds
+from . import baseline, evidence, leases
 from .checker import check_handout
 from .decisions import received_as_given, settle
 from .telemetry import internal_error
@@ -31,6 +33,8 @@ def commit_release(guard, plan) -> None:
         ledger.adopt(plan.learned, clock)
         stats.learned += len(plan.learned)
     ids = plan.good + plan.learned
+    if plan.stale and received_as_given(guard, plan):  # the allocator freed them as asked
+        ids = ids + plan.stale
     site = plan.site
     if plan.held is not None:
         follow_engine_refcounts(ledger, plan)
@@ -39,7 +43,7 @@ def commit_release(guard, plan) -> None:
         if guard._watchers:  # free blocks a share takes back (a prefix-cache hit)
             stamp = ledger.stamp
             revived = [b for b in ids if stamp[b] < 0]
-        ledger.share(ids, clock, site)
+        ledger.share(ids, clock, site, plan.holder)
         stats.share_calls += 1
         stats.blocks_shared += len(ids)
         op = "share"
@@ -48,7 +52,7 @@ def commit_release(guard, plan) -> None:
             dropping = [b for b in ids if ledger.ref[b] == 1]
         else:
             dropping = ids
-        stats.blocks_freed += ledger.release(ids, clock, site)
+        stats.blocks_freed += ledger.release(ids, clock, site, plan.holder)
         stats.free_calls += 1
         op = "free"
         for watcher in guard._watchers:
@@ -73,8 +77,12 @@ def commit_allocation(guard, args, kwargs, result, site, method=None) -> None:
     fresh, faults = check_handout(ledger, norm, method)
     violations = [evidence.violation(guard, f.kind, f.block_ids, f.message, method, pool, ledger,
                                      f.block_ids) for f in faults]
+    for v in violations:
+        if v.kind == kinds.FREE_IN_FLIGHT:  # name the steps still using the block
+            v.extra["in_flight_steps"] = [repr(step) for step in leases.steps_using(
+                guard, ledger, v.block_ids[0])]
     clock = guard._tick()
-    ledger.allocate(fresh, clock, site)
+    ledger.allocate(fresh, clock, site, ACTIVE_HOLDER.get())
     guard.stats.alloc_calls += 1
     guard.stats.blocks_allocated += len(fresh)
     if guard.history is not None:

@@ -13,13 +13,14 @@ import operator
 
 from .. import kinds
 from ..ids import Fault
+from ..owners import OWNERS
 
 
 class Plan:
     """What a checked free()/share() call will do, between its check and its commit."""
 
     __slots__ = ("method", "pool", "ledger", "norm", "good", "learned", "site", "faults",
-                 "held_objects", "held", "aside")
+                 "held_objects", "held", "aside", "holder", "stale")
 
     def __init__(self, method, pool, ledger, norm, good, learned, site, held=None,
                  faults=()) -> None:
@@ -39,6 +40,11 @@ class Plan:
         self.aside = False
         """The guard steps aside for this faulty call (``step_aside_when``)."""
         self.held_objects: dict = {}
+        self.holder = 0
+        """The interned holder the call was made for (0: none)."""
+        self.stale: list = []
+        """Live ids the holder does not hold (``stale-free``): held back from ``good``, but
+        released in the ledger when the call reaches the allocator as given (log mode)."""
 
     @property
     def faulty(self) -> bool:
@@ -46,12 +52,14 @@ class Plan:
 
 
 def check_release(ledger, norm, *, method, pool, site, what, share=False, learn_shares=False,
-                  refcount_attr=None) -> Plan:
+                  refcount_attr=None, holder=0) -> Plan:
     """Check the ids of a free() (or, with ``share``, a share()) against ``ledger``.
 
     ``learn_shares``: a share of a never-seen id learns it (a refcounted pool attached while
     blocks sat in its prefix cache) rather than calling it foreign. ``refcount_attr``: the block
     objects' own reference count, read before the call, which must be positive for a release.
+    ``holder``: the interned holder the call is made for (0: none); releasing a live block it
+    holds no reference to, while another holder does, is a ``stale-free``.
     """
     faults = norm.faults
     ids = norm.ids
@@ -67,8 +75,11 @@ def check_release(ledger, norm, *, method, pool, site, what, share=False, learn_
                 break
         else:  # (b < len(stamp) means in range: a sized ledger is exactly its size long)
             # (a count of None, unreadable, is the ledger's to decide: no engine count to heed)
-            if held is None or min((c for c in held if c is not None), default=1) > 0:
-                return Plan(method, pool, ledger, norm, ids, [], site, held)
+            if (held is None or min((c for c in held if c is not None), default=1) > 0) and (
+                    not holder or share or all(ledger.holds(b, holder) for b in ids)):
+                plan = Plan(method, pool, ledger, norm, ids, [], site, held)
+                plan.holder = holder
+                return plan
     faults = list(faults)
     good, learned, foreign, double, out_of_range = [], [], [], [], []
     unknown = 0  # ids never seen, learned by this call (bounded by the ledger's budget)
@@ -88,6 +99,11 @@ def check_release(ledger, norm, *, method, pool, site, what, share=False, learn_
             (learned if b in ledger.uncertain else double).append(b)
         else:
             good.append(b)
+    stale = []
+    if holder and not share:
+        stale = [b for b in good if not ledger.holds(b, holder)]
+        if stale:
+            good = [b for b in good if b not in set(stale)]
     drained = []
     if held is not None:  # [refcount_attr] live in the ledger, but the engine holds none
         count = dict(zip(ids, held))
@@ -115,8 +131,43 @@ def check_release(ledger, norm, *, method, pool, site, what, share=False, learn_
             "was released, so this release takes the count below zero and the block goes "
             "back on the free list while it may still be in use; free each reference once"),
             tuple(drained)))
+    if stale:
+        faults.append(Fault(kinds.STALE_FREE, stale_message(ledger, what, stale, holder),
+                            tuple(stale)))
     faults.sort(key=lambda f: kinds.PRECEDENCE[f.kind])
-    return Plan(method, pool, ledger, norm, good, learned, site, held, faults)
+    plan = Plan(method, pool, ledger, norm, good, learned, site, held, faults)
+    plan.holder = holder
+    plan.stale = stale
+    return plan
+
+
+def stale_message(ledger, what, stale, holder) -> str:
+    """What a ``stale-free`` says: who frees, who holds, and the two calls between."""
+    b = stale[0]
+    freeing = OWNERS.labels[holder]
+    held_by = ledger.holder_of(b)
+    return (f"{what} for {freeing!r} got block {b}" + more(stale)
+            + f", which {freeing!r} does not hold: {held_by!r} holds it, handed out by call "
+            f"#{ledger.stamp[b]} (below: where it was last freed, where it was handed out)"
+            + f". A late free on behalf of {freeing!r} (an abort, a preemption or a finish "
+            "racing the path that already freed it) would put a block another request is "
+            "using back on the free list; free a request's blocks once, on the path that ends "
+            "its reference")
+
+
+def check_leases(ledger, fresh, method) -> list:
+    """``free-in-flight`` faults for blocks an allocation hands out while an open in-flight
+    lease still covers them (freed while a step using them was in flight, then reused)."""
+    leased = ledger.leased
+    reused = [b for b in fresh if b in leased]
+    if not reused:
+        return []
+    return [Fault(kinds.FREE_IN_FLIGHT, (
+        f"{method}() handed out block {reused[0]}" + more(reused) + ", which a step still in "
+        "flight uses: it was freed before that step's output was processed, and its new "
+        "owner's writes race the step's reads (and the step's writes corrupt the new owner); "
+        "defer the free until the step is processed, or keep the block out of the free list "
+        "until then"), tuple(reused))]
 
 
 def check_handout(ledger, norm, method) -> tuple:
@@ -133,7 +184,7 @@ def check_handout(ledger, norm, method) -> tuple:
             if not b < n or stamp[b] > 0:
                 break
         else:
-            return ids, faults
+            return ids, faults + check_leases(ledger, ids, method) if ledger.leased else faults
     seen = set()
     for b in ids:
         if b in seen:
@@ -156,6 +207,8 @@ def check_handout(ledger, norm, method) -> tuple:
             + " while it is still live: two owners now share one KV block and overwrite "
             "each other's attention state; the allocator's free list is corrupt (a "
             "duplicate or double free earlier?)"), tuple(shared)))
+    if ledger.leased:
+        faults += check_leases(ledger, fresh, method)
     faults.sort(key=lambda f: kinds.PRECEDENCE[f.kind])
     return fresh, faults
 

@@ -22,7 +22,7 @@ from ..marks import ATTR, guard_of
 from ..owners import ACTIVE_OWNER
 from ..spec import DEFAULT_SPEC, AllocatorSpec, per_pool, read
 from ..stacks import DEPTH, SITES
-from . import baseline, bookkeeping, careful, decisions, evidence, roles, shadowing
+from . import baseline, bookkeeping, careful, decisions, evidence, leases, roles, shadowing
 from .arguments import MISSING, Param, pool_key
 from .decisions import MODES
 from .instances import GUARDS, engine_method
@@ -96,6 +96,8 @@ class Guard:
         self._learn_shares = False
         self._fast = bool(fast_path)
         self._learn_budget = None
+        self._leases: dict = {}
+        """Open in-flight leases: step -> [(ledger, blocks)] (see ``leases``)."""
         self._attach(allocator)
 
     # --- attaching ---------------------------------------------------------------------------
@@ -419,6 +421,36 @@ class Guard:
             found = check_tables(self, tables, pool, refs)
             self.settle(found)
             return found
+
+    def begin_step(self, step, ids, *, pool=None, request=None) -> None:
+        """``step`` (any hashable: a step counter, a batch object's id) was scheduled and will
+        read and write ``ids`` (for ``request``, when given) until ``end_step(step)``, when its
+        output has been processed. Freeing those blocks meanwhile is fine (a deferred free);
+        handing one out again before then is a ``free-in-flight``."""
+        with self.lock:
+            leases.begin(self, step, ids, pool, request)
+
+    def void_in_flight(self, request) -> int:
+        """The engine discards ``request``'s part of the steps in flight (it preempted or
+        aborted it and will drop that output): its blocks may be reused at once."""
+        with self.lock:
+            return leases.void(self, request)
+
+    def end_step(self, step) -> bool:
+        """``step``'s output was processed: its blocks may be reused. False if it was not
+        begun (or already ended)."""
+        with self.lock:
+            return leases.end(self, step)
+
+    def in_flight(self, step, ids, *, pool=None):
+        """``with guard.in_flight(step, ids):`` a lease for the body."""
+        return leases.InFlight(self, step, ids, pool)
+
+    @property
+    def open_steps(self) -> list:
+        """The steps whose lease is open, oldest first."""
+        with self.lock:
+            return list(self._leases)
 
     def snapshot(self) -> dict:
         """The counters (``stats.to_dict()``) plus ``blocks_live`` and ``seeded`` (ids made live

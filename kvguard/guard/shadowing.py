@@ -258,7 +258,8 @@ def wrap_release(guard, original, method, param, share):
                 except Exception:  # the careful path reads it again, under _protect
                     hot = None
                 if hot is not None:
-                    stamp, origin, freed_at, ref, uncertain, pool = hot
+                    (stamp, origin, freed_at, ref, uncertain, pool, held_by, holders, _,
+                     holder_var) = hot
                     n = len(ids)
                     if n == 1:  # one id per call is common: no loop, no set
                         b = ids[0]
@@ -278,6 +279,16 @@ def wrap_release(guard, original, method, param, share):
                             if type(count) is not int or count <= 0:
                                 ok = False
                                 break
+                    h = holder_var.get()
+                    if ok and (h or holders):
+                        # [owners] A block of several holders, or one another holder holds
+                        # (for a share: a live one), is the careful path's: it keeps the
+                        # counts, and names a stale free.
+                        for b in ids:
+                            if b in holders or h and held_by[b] not in (0, h) and (
+                                    not share or stamp[b] > 0):
+                                ok = False
+                                break
                     if ok:
                         who = owner_var() if share else 0
                         try:
@@ -291,6 +302,7 @@ def wrap_release(guard, original, method, param, share):
                                 if stamp[b] <= 0:  # a cached free block comes back
                                     stamp[b] = clock
                                     origin[b] = site
+                                    held_by[b] = h
                             if ref is not None:
                                 for b in ids:
                                     ref[b] += 1
@@ -371,7 +383,8 @@ def wrap_alloc(guard, original):
                 except Exception:  # the slow path reads it again, under _protect
                     hot = None
                 if hot is not None:
-                    stamp, origin, _, ref, uncertain, pool = hot
+                    stamp, origin, _, ref, uncertain, pool, held_by, holders, leased, \
+                        holder_var = hot
                     n = len(ids)
                     if n == 1:
                         b = ids[0]
@@ -384,6 +397,11 @@ def wrap_alloc(guard, original):
                                 break
                         else:
                             ok = len(set(ids)) == n
+                    if ok and (holders or leased):  # [owners, leases] the careful path's
+                        for b in ids:
+                            if b in holders or b in leased:
+                                ok = False
+                                break
                     if ok:
                         who = owner_var()
                         try:
@@ -391,13 +409,16 @@ def wrap_alloc(guard, original):
                         except Exception as exc:
                             site = contain(guard, exc)
                         clock = tick()
+                        h = holder_var.get()
                         if n == 1:
                             stamp[b] = clock
                             origin[b] = site
+                            held_by[b] = h
                         else:
                             for b in ids:
                                 stamp[b] = clock
                                 origin[b] = site
+                                held_by[b] = h
                         if ref is not None:
                             for b in ids:
                                 ref[b] = 1

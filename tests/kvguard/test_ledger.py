@@ -149,6 +149,7 @@ class LedgerMachine(RuleBasedStateMachine):
         hot = ledger.hot
         assert hot[0] is ledger.stamp and hot[1] is ledger.origin and hot[2] is ledger.freed_at
         assert hot[3] is ledger.ref and hot[4] is ledger.uncertain
+        assert hot[6] is ledger.holder and hot[7] is ledger.holders and hot[8] is ledger.leased
         assert not ledger.is_live(len(self.blocks)) and ledger.refcount(-1) == 0
         assert not ledger.in_range(len(self.blocks)) and not ledger.in_range(-1)
 
@@ -164,9 +165,10 @@ TestRefcountedLedger = RefcountedLedgerMachine.TestCase
 TestRefcountedLedger.settings = SETTINGS
 
 
-def test_columns_cost_16_bytes_a_block_and_20_refcounted():
-    assert Ledger(100).nbytes() == 1600
-    assert Ledger(100, refcounted=True).nbytes() == 2000
+def test_columns_cost_20_bytes_a_block_and_24_refcounted():
+    # the holder column (owners) is the fourth; the budget is 24 bytes a block
+    assert Ledger(100).nbytes() == 2000
+    assert Ledger(100, refcounted=True).nbytes() == 2400
     assert Ledger().nbytes() == 0
 
 

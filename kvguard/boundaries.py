@@ -1,0 +1,154 @@
+"""Request boundaries: the engine methods that act for one request, and the engine's steps.
+
+The allocator never learns which request a block is for; the engine's managers do. A boundary
+is a method of such a manager that runs on behalf of one request (vLLM's
+``KVCacheManager.allocate_slots(request, ...)`` and ``free(request)``, Hugging Face's
+``CacheAllocator.free_blocks(request_id)``): while it runs, that request is the holder
+(``kvguard.owners.holding``), so every block the allocator hands out inside is recorded as its,
+and every release inside is checked against who holds the block (``stale-free``). A step
+boundary is a method that schedules a step (its result: what the step will use) or processes
+its output: the guard's in-flight leases follow them (``free-in-flight``).
+
+Boundaries are declared by dotted class name (nothing is imported) and installed on the class
+by ``instrument()`` (the pytest plugin and staging), when its module is imported, and removed by
+``uninstrument()``. ``declare()`` adds one for an engine of your own.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+
+from .owners import holding
+
+_declared: dict[str, dict] = {}  # dotted class name -> {method: (role, reader)}
+_installed: dict[tuple, object] = {}  # (class, method) -> the function it had
+_lock = threading.RLock()
+
+
+def declare(cls_or_name, **methods) -> None:
+    """Declare boundaries of a class (or its dotted name): ``method=holder_of`` where
+    ``holder_of(args, kwargs)`` reads the request id from the call (``request_arg(0)`` and
+    ``request_id_arg(0)`` read the common shapes), or ``method=("begin", leases_of)`` /
+    ``method=("end", step_of)`` for the step hooks (see ``StepHooks``)."""
+    name = cls_or_name if isinstance(cls_or_name, str) else (
+        f"{cls_or_name.__module__}.{cls_or_name.__qualname__}")
+    with _lock:
+        table = _declared.setdefault(name, {})
+        for method, reader in methods.items():
+            table[method] = reader if isinstance(reader, tuple) else ("holder", reader)
+        if _active:
+            install_if_imported(name)
+
+
+def request_arg(position: int, name: str = "request", attr: str = "request_id"):
+    """The holder read from a request object passed at ``position`` (or as ``name``)."""
+    def holder_of(args, kwargs):
+        request = args[position] if len(args) > position else kwargs.get(name)
+        return getattr(request, attr, None)
+    return holder_of
+
+
+def request_id_arg(position: int, name: str = "request_id"):
+    """The holder passed as a plain request id at ``position`` (or as ``name``)."""
+    def holder_of(args, kwargs):
+        return args[position] if len(args) > position else kwargs.get(name)
+    return holder_of
+
+
+_active = False
+
+
+def instrument() -> None:
+    global _active
+    with _lock:
+        _active = True
+        for name in list(_declared):
+            install_if_imported(name)
+
+
+def uninstrument() -> None:
+    global _active
+    with _lock:
+        _active = False
+        for (cls, method), original in list(_installed.items()):
+            setattr(cls, method, original)
+        _installed.clear()
+
+
+def modules() -> set:
+    """The modules whose import installs a boundary (for the registry's import hook)."""
+    with _lock:
+        return {name.rpartition(".")[0] for name in _declared}
+
+
+def on_import(module: str) -> None:
+    with _lock:
+        if not _active:
+            return
+        for name in list(_declared):
+            if name.rpartition(".")[0] == module:
+                install_if_imported(name)
+
+
+def install_if_imported(name: str) -> None:
+    module, _, qualname = name.rpartition(".")
+    cls = getattr(sys.modules.get(module), qualname, None)
+    if not isinstance(cls, type):
+        return
+    for method, (role, reader) in _declared[name].items():
+        original = cls.__dict__.get(method)
+        if original is None or (cls, method) in _installed or not callable(original):
+            continue
+        wrapper = _wrap(role, reader, original)
+        try:
+            setattr(cls, method, wrapper)
+        except (TypeError, AttributeError):
+            continue
+        _installed[(cls, method)] = original
+
+
+def _wrap(role, reader, original):
+    if role == "holder":
+        @functools.wraps(original)
+        def as_holder(*args, **kwargs):
+            try:
+                holder = reader(args[1:], kwargs)
+            except Exception:  # a call of an unexpected shape: the engine's own error
+                holder = None
+            if holder is None:
+                return original(*args, **kwargs)
+            with holding(holder):
+                return original(*args, **kwargs)
+        as_holder.__kvguard_boundary__ = True
+        return as_holder
+    if role == "begin":
+        @functools.wraps(original)
+        def begins_step(self, *args, **kwargs):
+            result = original(self, *args, **kwargs)
+            _quietly(reader, self, result)
+            return result
+        begins_step.__kvguard_boundary__ = True
+        return begins_step
+    if role == "end":
+        @functools.wraps(original)
+        def ends_step(self, *args, **kwargs):
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                _quietly(reader, self, args, kwargs)
+        ends_step.__kvguard_boundary__ = True
+        return ends_step
+    raise ValueError(f"unknown boundary role {role!r}")
+
+
+def _quietly(hook, *args) -> None:
+    """A step hook never breaks the engine's step: its own failure is logged once, by the
+    guard's internal-error path where a guard is known, else dropped."""
+    try:
+        hook(*args)
+    except Exception as exc:  # pragma: no cover - defensive
+        from .logger import emit
+        import logging
+        emit(logging.ERROR, "kvguard: a step boundary hook failed: %r", exc)

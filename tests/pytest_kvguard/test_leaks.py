@@ -333,3 +333,35 @@ def test_fail_and_the_marker_stay_strict_per_test(suite):
     result.assert_outcomes(passed=2, errors=1)
     result.stdout.fnmatch_lines(["ERROR test_suite.py::test_strict - kvguard: leak of block 0*"])
     assert "test_default:" not in result.stdout.str()
+
+
+THREADED = """
+    import threading
+    from kvguard.examples import LinkedFreeList
+
+    def run_engine(pool, done):
+        pool.allocate(2)             # the engine's own generation thread leaks
+        done.set()
+
+    def test_engine_thread_leaks():
+        pool = LinkedFreeList(8)
+        done = threading.Event()
+        threading.Thread(target=run_engine, args=(pool, done), daemon=True).start()
+        assert done.wait(10)
+
+    def test_engine_thread_tidy():
+        pool = LinkedFreeList(8)
+        t = threading.Thread(target=lambda: pool.free(pool.allocate(2)))
+        t.start()
+        t.join()
+"""
+
+
+def test_a_leak_in_a_thread_the_test_started_fails_that_test(suite):
+    # The test's label follows the threads it starts (as an asyncio task's context does):
+    # without it, a leak in an engine's own thread belonged to no test and passed.
+    write(suite, THREADED)
+    result = suite.runpytest("-p", "kvguard", "--kvguard-leaks=fail", "-rA")
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(["*ERROR at teardown of test_engine_thread_leaks*",
+                                 "SUMMARY: kvguard: leak *test_suite.py:5 in run_engine"])

@@ -26,6 +26,11 @@ class AllocatorSpec:
     then takes that count as the truth at each release: a block whose count is still positive
     is released, however many shares the guard saw; one whose count is already 0 or below, or
     that the ledger holds free, is a double free. Needs ``id_attr`` and ``refcounted=True``.
+    ``owner_arg``: the argument of ``alloc``, ``free`` and ``share`` that names the request the
+    call is for (a position after self, a parameter name, or ``callable(args, kwargs) ->
+    label``): the call runs as that request's holder, so a release of a block another request
+    holds is a ``stale-free`` (docs/lifecycle.md). A method without that argument runs as the
+    holder active around it, if any.
     """
 
     alloc: str | None = "allocate"
@@ -43,6 +48,7 @@ class AllocatorSpec:
     live_ids: AttrOrCallable = None
     refcount_attr: str | None = None
     adapter: Callable[[Any], Any] | None = None
+    owner_arg: int | str | Callable[[tuple, dict], Any] | None = None
 
     def __post_init__(self) -> None:
         for name in ("free_arg", "pool_arg"):
@@ -70,6 +76,12 @@ class AllocatorSpec:
             raise TypeError("AllocatorSpec.skip must be callable(id or object) -> bool")
         if self.adapter is not None and not callable(self.adapter):
             raise TypeError("AllocatorSpec.adapter must be callable(guard)")
+        owner = self.owner_arg
+        if owner is not None and not callable(owner) and (
+                isinstance(owner, bool) or not isinstance(owner, (int, str))
+                or isinstance(owner, int) and owner < 0):
+            raise TypeError("AllocatorSpec.owner_arg must be a position, a parameter name or "
+                            f"callable(args, kwargs) -> label, not {owner!r}")
 
     def methods(self) -> tuple[str, ...]:
         return tuple(m for m in (self.alloc, self.free, self.share) if m)

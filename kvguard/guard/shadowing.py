@@ -24,7 +24,7 @@ import threading
 from ..fastread import ITERATORS, KINDS, plain_ids
 from ..ids import torch_tensor_type
 from ..marks import ATTR, THE_ALLOCATOR
-from ..owners import ACTIVE_OWNER
+from ..owners import ACTIVE_HOLDER, ACTIVE_OWNER, OWNERS
 from ..stacks import SITES, SiteTable
 from . import careful, compiled
 from .arguments import MISSING, Param
@@ -189,10 +189,48 @@ def install(guard) -> None:
         wrappers[spec.alloc] = wrap_alloc(guard, guard._bound[spec.alloc])
     if spec.share:
         wrappers[spec.share] = wrap_share(guard, guard._bound[spec.share])
+    if spec.owner_arg is not None:
+        wrappers = {m: as_holder(guard, w, m) for m, w in wrappers.items()}
     for method, wrapper in wrappers.items():
         if method not in guard._originals:
             guard._originals[method] = own.get(method, MISSING)
         own[method] = wrapper
+
+
+def as_holder(guard, wrapper, method):
+    """[owner_arg] ``wrapper`` run as the holder its call names (``AllocatorSpec.owner_arg``):
+    one context variable set around the guarded call, so the fast paths read it as they read
+    a holder an engine adapter set."""
+    where = guard.spec.owner_arg
+    if callable(where):
+        read_owner = where
+    else:
+        param = Param(guard._bound[method], where)
+        if not param.found:
+            return wrapper
+
+        def read_owner(args, kwargs):
+            value = param.get(args, kwargs)
+            return None if value is MISSING else value
+
+    intern, holder_var = OWNERS.intern, ACTIVE_HOLDER
+
+    def holding(*args, **kwargs):
+        try:
+            label = read_owner(args, kwargs)
+        except Exception:  # the allocator's own call decides what is wrong with it
+            label = None
+        if label is None:
+            return wrapper(*args, **kwargs)
+        token = holder_var.set(intern(label))
+        try:
+            return wrapper(*args, **kwargs)
+        finally:
+            holder_var.reset(token)
+
+    holding.__wrapped__ = getattr(wrapper, "__wrapped__", wrapper)
+    holding.__kvguard__ = guard
+    return holding
 
 
 def wrap_free(guard, original):

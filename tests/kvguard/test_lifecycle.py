@@ -311,3 +311,41 @@ def test_stale_free_is_reported_exactly_when_the_model_says(ops, way):
         assert sorted(g.live) == sorted(b for bs in held.values() for b in bs)
         assert {b: r.holder for b, r in g.live.items()} == {
             b: f"h{h}" for h, bs in held.items() for b in bs}
+
+
+class RequestPool:
+    """An allocator of our own whose calls name the request: ``alloc(req, n)`` / ``free(req,
+    ids)`` (a table manager's shape)."""
+
+    def __init__(self, n):
+        self.free_list = list(range(n))
+
+    def alloc(self, req, n):
+        return [self.free_list.pop(0) for _ in range(n)]
+
+    def release(self, req, ids):
+        self.free_list.extend(ids)
+
+
+@WAYS
+@pytest.mark.parametrize("where", [0, "req", lambda args, kwargs: args[0]])
+def test_owner_arg_makes_the_call_its_requests(accel, fast, where):
+    spec = kvguard.AllocatorSpec(alloc="alloc", free="release", free_arg="ids", owner_arg=where)
+    with use_wrappers(accel):
+        pool = RequestPool(2)
+        g = kvguard.guard(pool, spec, fast_path=fast)
+        r = pool.alloc("R", 2)
+        pool.release("R", r)
+        q = pool.alloc("Q", 2)
+        with pytest.raises(kvguard.StaleFreeError):
+            pool.release("R", q[:1])
+        pool.release("Q", q)
+        assert g.stats.violations == {"stale-free": 1} and not g.live
+        assert {b: pool.free_list.count(b) for b in range(2)} == {0: 1, 1: 1}
+
+
+def test_owner_arg_is_checked():
+    with pytest.raises(TypeError, match="owner_arg"):
+        kvguard.AllocatorSpec(owner_arg=True)
+    with pytest.raises(TypeError, match="owner_arg"):
+        kvguard.AllocatorSpec(owner_arg=1.5)

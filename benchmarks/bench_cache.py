@@ -30,9 +30,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import kvguard  # noqa: E402
-from kvguard.cache import _WATCHERS  # noqa: E402
+from kvguard.cache.guard_cache import _WATCHERS  # noqa: E402
 from kvguard.examples import LINKED_FREE_LIST_SPEC, LinkedFreeList  # noqa: E402
-from kvguard.writes import guard_writes  # noqa: E402
+from kvguard.cache.writes import guard_writes  # noqa: E402
 
 
 def make_schedule(steps, batch, block_size, seed=0):

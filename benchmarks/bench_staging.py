@@ -63,7 +63,7 @@ def scraped_costs(ops, n, rounds):
         import prometheus_client
     except ImportError:
         return None
-    from kvguard import metrics
+    from kvguard.staging import metrics
     config = SETTINGS["KVGUARD_SAMPLE=100"]
     times = {"unscraped": [], "scraped": []}
     for _ in range(rounds):

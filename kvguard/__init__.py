@@ -46,9 +46,9 @@ def __getattr__(name):
     # guard_cache and guard_writes live with the tensor code; importing it here would cost
     # every user.
     if name == "guard_cache":
-        from .cache import guard_cache
+        from .cache.guard_cache import guard_cache
         return guard_cache
     if name == "guard_writes":
-        from .writes import guard_writes
+        from .cache.writes import guard_writes
         return guard_writes
     raise AttributeError(f"module 'kvguard' has no attribute {name!r}")

@@ -15,11 +15,26 @@ COMMANDS = {
     "demo": ("kvguard.cli", "demo_command", "replay the DeepSpeed seed bug unguarded, then guarded"),
     "lint": ("flake8_kvguard.cli", "main", "static checks (KVG rules) over Python files"),
     "run": ("kvguard.staging", "run_command", "run a command with staging on (KVGUARD=1)"),
-    "report": ("kvguard.summary", "report_command", "merge staging's JSON lines into one summary"),
-    "replay": ("kvguard.replay", "replay_command", "replay a report's last operations offline"),
-    "fuzz": ("kvguard.fuzz", "fuzz_command", "fuzz an allocator class against the allocator "
-             "contract"),
+    "report": ("kvguard.staging.summary", "report_command",
+               "merge staging's JSON lines into one summary"),
+    "replay": ("kvguard.staging.replay", "replay_command",
+               "replay a report's last operations offline"),
+    "fuzz": ("kvguard.conformance.fuzz", "fuzz_command",
+             "fuzz an allocator class against the allocator contract"),
 }
+
+HANDOFFS = {
+    "replay --emit-test": ("kvguard.conformance.replay_emit", "emit_command"),
+}
+"""A command's part that another face does, by the module and function that do it."""
+
+
+def hand_off(name: str, *args):
+    """Run another face's part of a command: ``kvguard replay --emit-test`` is staging's replay
+    handed to the conformance face's regression writer. Faces meet here, in the core, and never
+    import each other."""
+    module, function = HANDOFFS[name]
+    return getattr(importlib.import_module(module), function)(*args)
 
 
 class UsageError(Exception):

@@ -24,12 +24,12 @@ UNKNOWN = 0
 _KVGUARD_DIR = os.path.dirname(os.path.abspath(__file__))
 _MACHINERY = frozenset(
     os.path.join(_KVGUARD_DIR, f"{name}.py")
-    for name in ("ids", "ledger", "owners", "stacks", "violation", "registry", "cache",
-                 "tables", "staging", "writes", "logger", "marks")
+    for name in ("ids", "ledger", "owners", "stacks", "violation", "registry", "logger", "marks")
 )
-_ADAPTERS_DIR = os.path.join(_KVGUARD_DIR, "adapters")
-"""The engine adapters' wrappers are machinery too: a report starts at the engine's frame."""
-_GUARD_DIR = os.path.join(_KVGUARD_DIR, "guard")
+_MACHINERY_DIRS = tuple(os.path.join(_KVGUARD_DIR, name)
+                        for name in ("adapters", "guard", "cache", "staging"))
+"""The guard's own package, the engine adapters' wrappers and the cache and staging faces are
+machinery too: a report starts at the engine's frame."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def is_internal(code) -> bool:
     internal = _internal_files.get(filename)
     if internal is None:
         path = os.path.abspath(filename)
-        internal = path in _MACHINERY or os.path.dirname(path) in (_ADAPTERS_DIR, _GUARD_DIR)
+        internal = path in _MACHINERY or os.path.dirname(path) in _MACHINERY_DIRS
         _internal_files[filename] = internal
     return internal
 

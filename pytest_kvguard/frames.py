@@ -21,9 +21,10 @@ _RUNNER_DIRS = tuple({os.path.dirname(os.path.abspath(m.__file__)) + os.sep
 _runner_files: dict = {}
 
 MACHINERY = ("kvguard.guard", "kvguard.ids", "kvguard.ledger", "kvguard.registry",
-             "kvguard.tables", "kvguard.cache", "kvguard.writes", "kvguard.staging")
-"""Modules whose frames say nothing about the bug; the guard package's modules
-(``kvguard.guard.*``) and the engine adapters' wrappers (``kvguard.adapters.*``) are hidden too."""
+             "kvguard.cache", "kvguard.staging")
+"""Modules whose frames say nothing about the bug; the modules of the guard package
+(``kvguard.guard.*``), the cache and staging faces (``kvguard.cache.*``, ``kvguard.staging.*``)
+and the engine adapters' wrappers (``kvguard.adapters.*``) are hidden too."""
 
 
 def _is_runner(code) -> bool:
@@ -55,8 +56,8 @@ def trim_violation(violation):
 def hide_machinery() -> list:
     """Mark the guard's modules hidden in pytest tracebacks; returns what to undo."""
     undo = []
-    names = list(MACHINERY) + [n for n in list(sys.modules)
-                               if n.startswith(("kvguard.guard.", "kvguard.adapters."))]
+    inside = ("kvguard.guard.", "kvguard.adapters.", "kvguard.cache.", "kvguard.staging.")
+    names = list(MACHINERY) + [n for n in list(sys.modules) if n.startswith(inside)]
     for name in names:
         module = sys.modules.get(name)
         if module is not None and "__tracebackhide__" not in vars(module):

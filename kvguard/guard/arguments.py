@@ -1,4 +1,4 @@
-"""Where an argument sits in a call: shared by the guard's wrappers and ``kvguard.writes``.
+"""Where an argument sits in a call: shared by the guard's wrappers and ``kvguard.cache.writes``.
 
 A guarded method is called by position or by keyword, with defaults left out; the guard must
 read the ids (or a sub-pool key, a slot mapping) from the call the way Python would bind them,

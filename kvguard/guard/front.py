@@ -412,11 +412,11 @@ class Guard:
         live block in more owners' tables than it has references is ``shared-block``.
 
         ``tables``: a mapping owner -> ids, or a 2-D integer tensor with one row per sequence
-        and negative entries as padding (checked on its own device; see kvguard.tables).
+        and negative entries as padding (checked on its own device; see kvguard.cache.tables).
         ``refs``: block id -> references held, for an engine that shares blocks above its
         allocator (Hugging Face's ``BlockLedger.shared_ref_counts``).
         """
-        from ..tables import check_tables
+        from ..cache.tables import check_tables
         with self.lock:
             found = check_tables(self, tables, pool, refs)
             self.settle(found)

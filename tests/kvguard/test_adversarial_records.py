@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 import kvguard
 from kvguard.examples import LINKED_FREE_LIST_SPEC, LinkedFreeList
-from kvguard.replay import build
+from kvguard.staging.replay import build
 from kvguard.staging import JsonLinesSink
-from kvguard.summary import _jsonable, load, render, summarize
+from kvguard.staging.summary import _jsonable, load, render, summarize
 
 from .staging_env import staged_env, staged_python_fixture  # noqa: F401
 

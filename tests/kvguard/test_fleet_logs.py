@@ -16,14 +16,15 @@ import time
 import pytest
 
 import kvguard
-from kvguard import kinds, records
+from kvguard import kinds
+from kvguard.staging import records
 from kvguard.examples import (
     LINKED_FREE_LIST_SPEC, REFCOUNTED_POOL_SPEC, LinkedFreeList, RefcountedPool,
 )
-from kvguard.logfiles import collect_files, parse_since, rotation_set
-from kvguard.replay import build
+from kvguard.staging.logfiles import collect_files, parse_since, rotation_set
+from kvguard.staging.replay import build
 from kvguard.staging import FORMAT_VERSION, JsonLinesSink, StagingConfig
-from kvguard.summary import load, render, since, summarize
+from kvguard.staging.summary import load, render, since, summarize
 
 from . import sample_records
 

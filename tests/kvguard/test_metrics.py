@@ -14,7 +14,8 @@ import urllib.request
 import pytest
 
 import kvguard
-from kvguard import kinds, metrics, staging
+from kvguard import kinds, staging
+from kvguard.staging import metrics
 from kvguard.examples import LINKED_FREE_LIST_SPEC, LinkedFreeList
 from kvguard.guard import Stats
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import kvguard
 from kvguard.examples import LINKED_FREE_LIST_SPEC, LinkedFreeList
-from kvguard.replay import ModelAllocator, Step, build
+from kvguard.staging.replay import ModelAllocator, Step, build
 from kvguard.staging import JsonLinesSink
 
 

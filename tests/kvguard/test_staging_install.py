@@ -80,7 +80,7 @@ def test_pip_install_ships_the_hook(tmp_path, editable):
     off = sh(python, "-c", PROBE, env=env, cwd=tmp_path)
     assert off.stdout.split() == ["False", "None"]
     # The log schema is package data: installed beside the code, read from there.
-    schema = sh(python, "-c", "import kvguard.records as r; print(r.schema()['title'], "
+    schema = sh(python, "-c", "import kvguard.staging.records as r; print(r.schema()['title'], "
                 "r.__file__)", env=env, cwd=tmp_path)
     assert schema.returncode == 0, schema.stderr
     assert schema.stdout.startswith("kvguard staging log record, format version 1 ")

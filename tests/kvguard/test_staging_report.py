@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from kvguard import kinds
-from kvguard.summary import collect_files, load, render, summarize
+from kvguard.staging.summary import collect_files, load, render, summarize
 
 from .sample_records import violation
 from .staging_env import staged_env, staged_python_fixture  # noqa: F401

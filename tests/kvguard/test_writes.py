@@ -1,4 +1,4 @@
-"""kvguard.writes.guard_writes: checking an engine's cache-write call before it writes.
+"""kvguard.cache.writes.guard_writes: checking an engine's cache-write call before it writes.
 
 The engines' write kernels are compiled ops that cannot run here, so each is a small model with
 the engine's signature and semantics:
@@ -21,7 +21,7 @@ import kvguard
 from kvguard.examples import (
     LINKED_FREE_LIST_SPEC, REFCOUNTED_POOL_SPEC, LinkedFreeList, RefcountedPool,
 )
-from kvguard.writes import guard_writes
+from kvguard.cache.writes import guard_writes
 
 CUDA = torch.cuda.is_available()
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason="no GPU"))]
@@ -88,7 +88,7 @@ def test_a_write_into_a_freed_block_never_lands_in_raise_mode():
     assert v.block_ids == (x[1],) and v.method == "reshape_and_cache_flash"
     assert "freed by call #3" in v.message
     assert not e.written(x[0]) and not e.written(x[1]), "the whole write was refused"
-    assert "kvguard/writes.py" not in v.summary(), "the report starts at the engine's frame"
+    assert "kvguard/cache/writes.py" not in v.summary(), "the report starts at the engine's frame"
     assert "test_writes.py" in v.summary()
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvguard.fuzz import target_for
+from kvguard.conformance.fuzz import target_for
 from kvguard.testing import check_allocator
 
 from . import engines

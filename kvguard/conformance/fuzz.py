@@ -16,8 +16,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .conformance import CLAUSES, Driver
-from .spec import AllocatorSpec
+from . import CLAUSES, Driver
+from ..spec import AllocatorSpec
 
 
 @dataclass(frozen=True)
@@ -171,7 +171,7 @@ def resolve(dotted: str) -> type:
 
 def imported(dotted: str, command: str, what: str | None = None):
     """``resolve(dotted)``, or the one-line ``kvguard COMMAND`` error that names ``what``."""
-    from .cli import UsageError
+    from ..cli import UsageError
     try:
         return resolve(dotted)
     except (ImportError, AttributeError, ValueError) as exc:
@@ -185,7 +185,7 @@ def spec_option(dotted: str | None, command: str) -> AllocatorSpec | None:
         return None
     spec = imported(dotted, command)
     if not isinstance(spec, AllocatorSpec):
-        from .cli import UsageError
+        from ..cli import UsageError
         raise UsageError(f"kvguard {command}: error: {dotted} is not a kvguard.AllocatorSpec")
     return spec
 
@@ -216,7 +216,7 @@ def target_for(cls: type, factory: str | None = None, spec: AllocatorSpec | None
 
 def fuzz_command(argv) -> int:
     """``kvguard fuzz DOTTED.NAME``."""
-    from .cli import Parser, UsageError
+    from ..cli import Parser, UsageError
     parser = Parser(prog="kvguard fuzz", description=(
         "Fuzz an allocator class against the allocator contract (driven unguarded, judged by "
         "kvguard's ledger) and report every clause it breaks with a shrunk call sequence and a "
@@ -257,7 +257,7 @@ def fuzz_command(argv) -> int:
     except Exception as exc:
         raise UsageError(f"kvguard fuzz: error: cannot build a {cls.__name__}: {exc!r}") \
             from None
-    from .testing import DEFAULT_BUDGET, DEFAULT_EXAMPLES, check_allocator
+    from .search import DEFAULT_BUDGET, DEFAULT_EXAMPLES, check_allocator
     try:
         report = check_allocator(make, spec, examples=args.examples or DEFAULT_EXAMPLES,
                                  seed=args.seed, budget=args.budget or DEFAULT_BUDGET,

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import sys
 
-from . import kinds
-from .ids import result_ids, torch_tensor_type
+from .. import kinds
+from ..ids import result_ids, torch_tensor_type
 
 
 def check_tables(guard, tables, pool=None, refs=None) -> list:
@@ -95,8 +95,8 @@ def _owners(owners) -> str:
 
 def _state(ledger, b) -> str:
     """Why block ``b`` is not the table owner's: free, never handed out, or someone else's."""
-    from .owners import OWNERS
-    from .stacks import SITES
+    from ..owners import OWNERS
+    from ..stacks import SITES
 
     if not ledger.in_range(b):
         return f"outside the pool [0, {ledger.size})"
@@ -111,8 +111,8 @@ def _state(ledger, b) -> str:
 # --- the mapping form ------------------------------------------------------------------------
 
 def _mapping_form(guard, ledger, tables, above):
-    from .owners import OWNERS
-    from .stacks import SITES
+    from ..owners import OWNERS
+    from ..stacks import SITES
 
     spec = guard.spec
     rows = _read_mapping(tables, spec.id_attr, spec.skip)

@@ -264,7 +264,7 @@ def build(path: str, *, guard: str | None = None, pid: int | None = None,
 
 def replay_command(argv) -> int:
     """``kvguard replay FILE``."""
-    from .cli import Parser, UsageError
+    from ..cli import Parser, UsageError
     parser = Parser(prog="kvguard replay", description=(
         "Re-run the flight recorder of the reports in FILE (staging's JSON lines, plain, "
         "gzipped or rotated, or one "
@@ -294,8 +294,8 @@ def replay_command(argv) -> int:
     except (ValueError, OSError) as exc:
         raise UsageError(f"kvguard replay: error: {exc}") from None
     if args.emit_test:
-        from .replay_emit import emit_command
-        return emit_command(result, args)
+        from ..cli import hand_off
+        return hand_off("replay --emit-test", result, args)
     if args.format == "json":
         json.dump(result.to_dict(), sys.stdout, indent=2, default=repr)
         sys.stdout.write("\n")

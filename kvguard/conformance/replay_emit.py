@@ -1,6 +1,6 @@
 """``kvguard replay FILE --emit-test``: a staging log's flight recorder as a regression test.
 
-The replay (``kvguard.replay``) shows where an allocator's state first went wrong, judged
+The replay (``kvguard.staging.replay``) shows where an allocator's state first went wrong, judged
 against a model. This goes one step further: it makes a fresh instance of the real allocator
 class the log names, replays the recorded calls on it (unguarded, judged by the conformance
 clauses of ``kvguard.conformance``), shrinks them to the fewest calls that still break the same
@@ -15,7 +15,7 @@ starts) are allocated first.
 
 from __future__ import annotations
 
-from .conformance import CLAUSES, Run, shrink
+from . import CLAUSES, Run, shrink
 
 
 _REPLAYABLE = {"duplicate-id": 2, "double-free": 1, "foreign-id": 1}
@@ -89,16 +89,16 @@ def emit_command(replay, args) -> int:
     """``kvguard replay FILE --emit-test``: the test on stdout, how it was shrunk on stderr."""
     import sys
 
-    from .cli import UsageError
+    from ..cli import UsageError
     from .fuzz import imported, spec_option, target_for
-    from .spec import AllocatorSpec
+    from ..spec import AllocatorSpec
     name = replay.guard.get("class") or ""
     cls = imported(name, "replay", f"the allocator class {name or '(none recorded)'}")
     spec = spec_option(args.spec, "replay")
     try:
         make, spec, driver, source = target_for(cls, args.factory, spec)
         if spec is None:
-            from .registry import spec_for
+            from ..registry import spec_for
             spec = spec_for(cls) or AllocatorSpec()
         test, clause, kept, total = emit(replay, make, spec, driver, source)
     except SyntaxError as exc:

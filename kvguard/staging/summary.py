@@ -6,8 +6,8 @@ line, a ``violation`` line for the first occurrence of each (kind, call site) an
 where a process left its stats line, and otherwise from the occurrence numbers of its lines (a
 lower bound, shown as such). Bare ``Violation.to_dict()`` lines are read too.
 
-Files may be rotated and compressed (``kvguard.logfiles``): a process is one process across its
-rotation set, and many hosts' directories merge into one summary, per host as well as per kind.
+Files may be rotated and compressed (``kvguard.staging.logfiles``): a process is one process
+across its rotation set, and many hosts' directories merge into one summary, per host as well as per kind.
 ``--since`` keeps the records written from a time on.
 """
 
@@ -20,7 +20,7 @@ import zlib
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from . import kinds
+from .. import kinds
 from .logfiles import DESCRIPTION, collect_files, open_log, parse_since, rotation_set
 from .records import FORMAT_VERSION, is_bare_violation, is_kvguard, newer, parse, problem
 
@@ -295,7 +295,7 @@ def summarize(records: Records, top: int = 10) -> dict:
 def render(summary: dict) -> str:
     """The summary as text: totals, per kind, per allocator, top call sites, then the first
     report of each kind in full."""
-    from .violation import Violation
+    from ..violation import Violation
     n = summary["violations"]
     procs = summary["processes"]
     bad = sum(1 for p in procs if p["violations"])
@@ -397,7 +397,7 @@ def _jsonable(summary: dict) -> dict:
 
 def report_command(argv) -> int:
     """``kvguard report``: exit 0 when no violation was found, 1 when some were."""
-    from .cli import Parser, UsageError
+    from ..cli import Parser, UsageError
     parser = Parser(prog="kvguard report", description=(
         "Merge the JSON lines that staging (KVGUARD=1, kvguard run) wrote in many processes "
         "into one summary: per kind, per allocator, top call sites, and the first report of "

@@ -114,7 +114,7 @@ def config_from_env(environ=None) -> StagingConfig | None:
     environ = os.environ if environ is None else environ
     if not enabled(environ):
         return None
-    from .guard import LIMIT
+    from ..guard import LIMIT
     mode = _choice(environ, "KVGUARD_MODE", MODES, "log")
     sample = _count(environ, "KVGUARD_SAMPLE", 1, 1, LIMIT)
     stacks = _choice(environ, "KVGUARD_STACKS", STACKS, "full" if sample > 1 else "cheap")
@@ -184,7 +184,7 @@ def parse_register(text: str) -> list:
     numbers, true/false or none) and ``pkg.mod.Class=pkg.specs:SPEC`` (imports ``pkg.specs``,
     which should be light: it runs at interpreter start).
     """
-    from .spec import AllocatorSpec
+    from ..spec import AllocatorSpec
     entries, pos, text = [], 0, text.strip()
     while pos < len(text):
         m = _ENTRY.match(text, pos)
@@ -210,7 +210,7 @@ def parse_register(text: str) -> list:
 
 
 def _spec_keywords(name: str, text: str) -> dict:
-    from .spec import AllocatorSpec
+    from ..spec import AllocatorSpec
     allowed = set(AllocatorSpec.keywords()) - {"skip"}
     out, pos, text = {}, 0, text.strip()
     while pos < len(text):
@@ -242,7 +242,7 @@ def _value(raw: str):
 def _import_spec(name: str, module: str, attr: str):
     import importlib
 
-    from .spec import AllocatorSpec
+    from ..spec import AllocatorSpec
     try:
         spec = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as exc:
@@ -433,7 +433,7 @@ class JsonLinesSink:
         if directory:
             os.makedirs(directory, exist_ok=True)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        from . import __version__
+        from .. import __version__
         start = {"kvguard": FORMAT_VERSION, "event": "start", "time": time.time(),
                  "pid": os.getpid(), "ppid": os.getppid(), "host": socket.gethostname(),
                  "argv": list(getattr(sys, "argv", ())), "python": sys.version.split()[0],
@@ -447,7 +447,7 @@ class JsonLinesSink:
     def _fail(self, exc: BaseException) -> None:
         if not self.failed:
             self.failed = True
-            from .logger import emit
+            from ..logger import emit
             emit(logging.ERROR, "kvguard: cannot write violation reports to %s (staging goes "
                  "on without its JSON lines): %r", self.path or self.template, exc)
 
@@ -493,13 +493,13 @@ class Staging:
         self._untrack = None
 
     def start(self) -> None:
-        from . import registry
-        from .guard import guards, on_attach, subscribe
+        from .. import registry
+        from ..guard import guards, on_attach, subscribe
         for name, spec in self.config.register:
             if spec is None:
                 spec = registry.registered().get(name)
             if spec is None:
-                from .spec import DEFAULT_SPEC
+                from ..spec import DEFAULT_SPEC
                 spec = DEFAULT_SPEC
             registry.register(name, spec)
         if self.config.log:
@@ -519,13 +519,13 @@ class Staging:
     def close(self) -> None:
         """Write the final stats lines and metrics (at exit, or at ``stop()``)."""
         if self.sink is not None:
-            from .guard import guards
+            from ..guard import guards
             self.sink.close(guards())
         if self.metrics is not None:
             self.metrics.close()
 
     def stop(self) -> None:
-        from . import registry
+        from .. import registry
         atexit.unregister(self.close)
         self.close()
         if self._unsubscribe is not None:
@@ -540,7 +540,7 @@ class Staging:
         if self.sink is None and self.metrics is None:
             return
         if self.sink is not None:
-            from .guard import guards
+            from ..guard import guards
             self.sink.after_fork_in_child(guards())
         util = sys.modules.get("multiprocessing.util")
         if util is not None:
@@ -624,7 +624,7 @@ def run_command(argv) -> int:
     import signal
     import subprocess
 
-    from .cli import Parser, UsageError
+    from ..cli import Parser, UsageError
     parser = Parser(prog="kvguard run", description=(
         "Run COMMAND with kvguard staging on (KVGUARD=1): every registered allocator in every "
         "Python process it starts is guarded, and each process appends its violations as JSON "

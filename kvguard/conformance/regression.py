@@ -13,7 +13,7 @@ import ast
 import inspect
 import textwrap
 
-from .conformance import CLAUSES, PROBES, Run, Step
+from . import CLAUSES, PROBES, Run, Step
 
 
 def factory_source(factory, cls) -> str | None:
@@ -116,7 +116,7 @@ class Writer:
             return self.source["free_count"].format(a="a")
         how = self.spec.free_count
         if callable(how):
-            from .registry import spec_for
+            from ..registry import spec_for
             if spec_for(type(self.run.allocator)) is not self.spec:
                 return None  # a callable of the caller's own: set Driver.source['free_count']
             self.imports.update(("from kvguard.registry import spec_for",

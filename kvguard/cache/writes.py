@@ -27,11 +27,11 @@ from __future__ import annotations
 import functools
 import sys
 
-from . import kinds
-from .guard import Guard, guard_of
-from .guard.arguments import MISSING, Param
-from .ids import torch_tensor_type
-from .owners import OWNERS, current_owner
+from .. import kinds
+from ..guard import Guard, guard_of
+from ..guard.arguments import MISSING, Param
+from ..ids import torch_tensor_type
+from ..owners import OWNERS, current_owner
 
 
 def guard_writes(fn, guard, *, slots=None, table=None, block_size: int = 1, pad: int = -1,
@@ -155,7 +155,7 @@ class _WriteChecker:
         stamp = ledger.stamp
         size = len(stamp)
         writer = current_owner()
-        from .stacks import SITES
+        from ..stacks import SITES
 
         freed, unknown, foreign, shared = [], [], [], []
         for b in blocks:

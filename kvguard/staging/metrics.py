@@ -29,7 +29,7 @@ import threading
 import weakref
 from collections import Counter
 
-from . import kinds
+from .. import kinds
 
 logger = logging.getLogger("kvguard")
 
@@ -95,7 +95,7 @@ class Totals:
 
     def read(self) -> tuple:
         """``(counters, gauges)``: ``{(metric, labels): value}`` over every guard."""
-        from .guard import guards
+        from ..guard import guards
         current = guards()
         with self._lock:
             for guard in current:

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import weakref
 
-from . import kinds
-from .guard import Guard, guard_of
+from .. import kinds
+from ..guard import Guard, guard_of
 
 MAX_RUNS = 2
 """Up to this many runs of consecutive ids, blocks are read through views of the cache (no index
@@ -584,9 +584,9 @@ def _poison_bits(dtype, torch) -> int:
 
 def _last_owner(origin, freed) -> str:
     """" (last owner 'req-7', allocated at f.py:10, freed at g.py:20)", or "" if unknown."""
-    from .owners import OWNERS
-    from .stacks import SITES
-    from .violation import user_frames
+    from ..owners import OWNERS
+    from ..stacks import SITES
+    from ..violation import user_frames
 
     said = []
     label = OWNERS.labels[SITES.owner(origin)] if origin else None

@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .ids import result_ids
-from .ledger import Ledger
+from ..ids import result_ids
+from ..ledger import Ledger
 from .probes import PROBES
-from .spec import AllocatorSpec, read
+from ..spec import AllocatorSpec, read
 
 
 @dataclass(frozen=True)

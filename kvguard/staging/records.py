@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 
-from . import kinds
+from .. import kinds
 
 EVENTS = ("start", "stats", "violation")
 
@@ -32,7 +32,7 @@ def schema(version: int = FORMAT_VERSION) -> dict:
     """The JSON Schema of one format version's records, as shipped in the package (format 0, a
     bare violation, is the ``violation_report`` definition of version 1)."""
     from importlib import resources
-    text = resources.files(__package__).joinpath("schema", f"log-v{version}.json").read_text(
+    text = resources.files("kvguard").joinpath("schema", f"log-v{version}.json").read_text(
         encoding="utf-8")
     return json.loads(text)
 

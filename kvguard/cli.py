@@ -15,7 +15,7 @@ COMMANDS = {
     "demo": ("kvguard.cli", "demo_command", "replay the DeepSpeed seed bug unguarded, then guarded"),
     "lint": ("flake8_kvguard.cli", "main", "static checks (KVG rules) over Python files"),
     "run": ("kvguard.staging", "run_command", "run a command with staging on (KVGUARD=1)"),
-    "report": ("kvguard.staging.summary", "report_command",
+    "report": ("kvguard.staging.report", "report_command",
                "merge staging's JSON lines into one summary"),
     "replay": ("kvguard.staging.replay", "replay_command",
                "replay a report's last operations offline"),

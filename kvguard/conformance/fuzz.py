@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import CLAUSES, Driver
+from .clauses import CLAUSES, Driver
 from ..spec import AllocatorSpec
 
 

@@ -13,7 +13,9 @@ import ast
 import inspect
 import textwrap
 
-from . import CLAUSES, PROBES, Run, Step
+from .clauses import CLAUSES, Step
+from .probes import PROBES
+from .run import Run
 
 
 def factory_source(factory, cls) -> str | None:

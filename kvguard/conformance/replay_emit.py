@@ -15,7 +15,8 @@ starts) are allocated first.
 
 from __future__ import annotations
 
-from . import CLAUSES, Run, shrink
+from .clauses import CLAUSES
+from .run import Run, shrink
 
 
 _REPLAYABLE = {"duplicate-id": 2, "double-free": 1, "foreign-id": 1}

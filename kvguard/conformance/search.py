@@ -25,11 +25,11 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from . import (
-    CLAUSES, PROBES, Broken, Driver, Run, applicable, judge, shrink,
-)
 from ..ids import result_ids
 from ..spec import AllocatorSpec
+from .clauses import CLAUSES, Broken, Driver, applicable
+from .probes import PROBES
+from .run import Run, judge, shrink
 
 __all__ = ["CLAUSES", "ConformanceError", "ConformanceReport", "Driver", "Finding",
            "by_id", "check_allocator", "ids_of"]

@@ -16,7 +16,8 @@ import kvguard
 from kvguard.examples import LINKED_FREE_LIST_SPEC, LinkedFreeList
 from kvguard.staging.replay import build
 from kvguard.staging import JsonLinesSink
-from kvguard.staging.summary import _jsonable, load, render, summarize
+from kvguard.staging.report import jsonable, render
+from kvguard.staging.summary import load, summarize
 
 from .staging_env import staged_env, staged_python_fixture  # noqa: F401
 
@@ -63,7 +64,7 @@ def _digest(path):
     records = load([path])
     summary = summarize(records)
     text = render(summary)
-    _jsonable(summary)
+    jsonable(summary)
     try:
         result = build(path)
     except ValueError:

@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import kvguard
-from kvguard.cache import guard_cache as cache_module
+from kvguard.cache import guard_cache as cache_module, poison
 from kvguard.examples import (
     LINKED_FREE_LIST_SPEC, REFCOUNTED_POOL_SPEC, LinkedFreeList, RefcountedPool,
 )
@@ -78,7 +78,7 @@ def poisoned(t, block, block_dim):
     sel = t.select(block_dim, block)
     if t.dtype.is_floating_point:
         return bool(sel.float().isnan().all())
-    return bool((bits(sel) == cache_module._poison_bits(t.dtype, torch)).all())
+    return bool((bits(sel) == poison.poison_bits(t.dtype, torch)).all())
 
 
 def guarded_free_list(n=16, **options):

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from kvguard import AllocatorSpec
-from kvguard.conformance import CLAUSES, applicable, shrink
+from kvguard.conformance.clauses import CLAUSES, applicable
+from kvguard.conformance.run import shrink
 from kvguard.examples import (
     LINKED_FREE_LIST_SPEC, REFCOUNTED_POOL_SPEC, LinkedFreeList, RefcountedPool,
 )

@@ -24,7 +24,8 @@ from kvguard.examples import (
 from kvguard.staging.logfiles import collect_files, parse_since, rotation_set
 from kvguard.staging.replay import build
 from kvguard.staging import FORMAT_VERSION, JsonLinesSink, StagingConfig
-from kvguard.staging.summary import load, render, since, summarize
+from kvguard.staging.report import render
+from kvguard.staging.summary import load, since, summarize
 
 from . import sample_records
 

@@ -10,7 +10,8 @@ import textwrap
 import pytest
 
 from kvguard import kinds
-from kvguard.staging.summary import collect_files, load, render, summarize
+from kvguard.staging.report import render
+from kvguard.staging.summary import collect_files, load, summarize
 
 from .sample_records import violation
 from .staging_env import staged_env, staged_python_fixture  # noqa: F401

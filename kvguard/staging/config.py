@@ -1,0 +1,231 @@
+"""Staging's settings: the ``KVGUARD_*`` environment variables, read and checked.
+
+A bad value raises ``ValueError`` naming the variable and what it accepts; ``start()`` turns
+that into one error line and an unguarded process. ``KVGUARD_REGISTER`` names allocator classes
+in the spec language (``pkg.mod.Class(free=free_blocks, size=num_blocks)``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+MODES = ("log", "raise", "repair")
+STACKS = ("off", "cheap", "full")
+
+VARIABLES = {
+    "KVGUARD": "1 turns staging on at interpreter start (0, off, false or empty: off)",
+    "KVGUARD_MODE": "log (default: record, never raise), repair (forward a sanitized call) or "
+                    "raise",
+    "KVGUARD_LOG": "where each process appends its JSON lines: a path template with {pid} "
+                   "(and {host}), a directory (kvguard-{pid}.jsonl inside), or one file shared "
+                   "by all processes; unset: the kvguard logger only",
+    "KVGUARD_STACKS": "off, cheap or full: call sites kept per allocation and free (default "
+                      "cheap; full when KVGUARD_SAMPLE is set)",
+    "KVGUARD_SAMPLE": "N: keep the call site of one call in N (chosen at random); every call "
+                      "is still checked and counted (default 1)",
+    "KVGUARD_HISTORY": "operations in each report's flight recorder (default 32)",
+    "KVGUARD_LOG_EVERY": "after its first report, the same kind at the same call site is logged "
+                         "once per N occurrences (default 100)",
+    "KVGUARD_LOG_MAX_MB": "stop writing violation lines past this size per file (default 64); "
+                          "counts still reach the final stats lines",
+    "KVGUARD_REGISTER": "allocator classes to guard besides the built-in engine specs, comma "
+                        "separated: pkg.mod.Class (the default spec), pkg.mod.Class(alloc=get, "
+                        "free=put, size=num_blocks, refcounted=true, ...) or "
+                        "pkg.mod.Class=pkg.specs:SPEC (an AllocatorSpec object)",
+    "KVGUARD_RUN": "set by kvguard run: an id written into each process's start line, so that "
+                   "the run's closing summary counts only its own processes",
+    "KVGUARD_METRICS": "0 keeps kvguard's figures off prometheus_client's registry (default: "
+                       "on wherever the process has prometheus_client)",
+    "KVGUARD_METRICS_INTERVAL": "seconds between updates of the metrics files in "
+                                "prometheus_client's multi-process mode (PROMETHEUS_MULTIPROC_DIR; "
+                                "default 5)",
+}
+"""Every environment variable staging reads, with its meaning (``kvguard run --help`` too)."""
+
+
+_OFF = ("", "0", "off", "false", "no")
+
+
+@dataclass(frozen=True)
+class StagingConfig:
+    """Staging's settings, as read from the environment by ``config_from_env``."""
+
+    mode: str = "log"
+    log: str | None = None
+    stacks: str = "cheap"
+    sample: int = 1
+    history: int = 32
+    log_every: int = 100
+    log_max_bytes: int = 64 << 20
+    register: tuple = field(default_factory=tuple)
+    """``(dotted class name, AllocatorSpec or None)`` pairs; None: the spec registered already
+    (a built-in), else the default one."""
+    run: str | None = None
+    """The ``kvguard run`` this process belongs to (``KVGUARD_RUN``), written in its start line."""
+    metrics: bool = True
+    metrics_interval: float = 5.0
+
+    def guard_options(self) -> dict:
+        """Keywords for every ``kvguard.guard()`` that ``instrument()`` makes."""
+        return {"on_violation": self.mode, "stacks": self.stacks, "sample": self.sample,
+                "history": self.history, "log_every": self.log_every}
+
+    def to_dict(self) -> dict:
+        d = {k: v for k, v in self.guard_options().items()}
+        d["log"] = self.log
+        d["register"] = [name for name, _ in self.register]
+        d["metrics"] = self.metrics
+        return d
+
+
+def enabled(environ=None) -> bool:
+    """Whether ``KVGUARD`` asks for staging."""
+    environ = os.environ if environ is None else environ
+    return environ.get("KVGUARD", "").strip().lower() not in _OFF
+
+
+def config_from_env(environ=None) -> StagingConfig | None:
+    """Read the ``KVGUARD_*`` variables; None when ``KVGUARD`` is off. A bad value raises
+    ``ValueError`` naming the variable and what it accepts."""
+    environ = os.environ if environ is None else environ
+    if not enabled(environ):
+        return None
+    from ..guard import LIMIT
+    mode = _choice(environ, "KVGUARD_MODE", MODES, "log")
+    sample = _count(environ, "KVGUARD_SAMPLE", 1, 1, LIMIT)
+    stacks = _choice(environ, "KVGUARD_STACKS", STACKS, "full" if sample > 1 else "cheap")
+    history = _count(environ, "KVGUARD_HISTORY", 32, 0, LIMIT)
+    log_every = _count(environ, "KVGUARD_LOG_EVERY", 100, 1, LIMIT)
+    max_mb = _count(environ, "KVGUARD_LOG_MAX_MB", 64, 1, 1 << 20)
+    log = environ.get("KVGUARD_LOG", "").strip() or None
+    register = tuple(parse_register(environ.get("KVGUARD_REGISTER", "")))
+    run = environ.get("KVGUARD_RUN", "").strip() or None
+    metrics = (environ.get("KVGUARD_METRICS", "").strip().lower() or "1") not in _OFF
+    interval = _seconds(environ, "KVGUARD_METRICS_INTERVAL", 5.0)
+    return StagingConfig(mode=mode, log=log, stacks=stacks, sample=sample, history=history,
+                         log_every=log_every, log_max_bytes=max_mb << 20, register=register,
+                         run=run, metrics=metrics, metrics_interval=interval)
+
+
+def _choice(environ, name, choices, default) -> str:
+    value = environ.get(name, "").strip().lower() or default
+    if value not in choices:
+        raise ValueError(f"{name}={environ.get(name)!r}: expected one of {', '.join(choices)}")
+    return value
+
+
+def _count(environ, name, default, least, most) -> int:
+    """A whole-number setting inside its range: a value past it would pass here and then fail
+    every guard() (``KVGUARD_HISTORY=10**20`` overflows the flight recorder)."""
+    text = environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = least - 1
+    if value < least:
+        raise ValueError(f"{name}={text!r}: expected a whole number >= {least}")
+    if value > most:
+        raise ValueError(f"{name}={text!r}: expected a whole number >= {least} and <= {most}")
+    return value
+
+
+def _seconds(environ, name, default) -> float:
+    text = environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{name}={text!r}: expected a number of seconds > 0")
+    return value
+
+
+# --- KVGUARD_REGISTER -------------------------------------------------------------------------
+
+_ENTRY = re.compile(r"\s*([A-Za-z_][\w.]*)\s*(?:\((.*?)\)|=\s*([A-Za-z_][\w.]*):([A-Za-z_]\w*))?"
+                    r"\s*(?:[,;]|$)", re.S)
+_KEYWORD = re.compile(r"\s*([A-Za-z_]\w*)\s*=\s*([^,]*?)\s*(?:,|$)")
+
+
+def parse_register(text: str) -> list:
+    """Parse ``KVGUARD_REGISTER``: ``[(dotted class name, AllocatorSpec or None), ...]``.
+
+    Three forms, comma separated: ``pkg.mod.Class`` (the spec registered already, such as a
+    built-in, else the default ``allocate``/``free``), ``pkg.mod.Class(free=free_blocks,
+    size=num_blocks, refcounted=true)`` (``AllocatorSpec`` keywords; values are names, whole
+    numbers, true/false or none) and ``pkg.mod.Class=pkg.specs:SPEC`` (imports ``pkg.specs``,
+    which should be light: it runs at interpreter start).
+    """
+    from ..spec import AllocatorSpec
+    entries, pos, text = [], 0, text.strip()
+    while pos < len(text):
+        m = _ENTRY.match(text, pos)
+        if m is None or m.end() == pos:
+            raise ValueError(f"KVGUARD_REGISTER: cannot read {text[pos:]!r}; expected "
+                             "pkg.mod.Class, pkg.mod.Class(keyword=value, ...) or "
+                             "pkg.mod.Class=pkg.module:SPEC")
+        pos = m.end()
+        name, keywords, module, attr = m.groups()
+        if "." not in name:
+            raise ValueError(f"KVGUARD_REGISTER: {name!r} is not a dotted class name "
+                             "(package.module.Class)")
+        spec = None
+        if keywords is not None:
+            try:
+                spec = AllocatorSpec(**_spec_keywords(name, keywords))
+            except TypeError as exc:
+                raise ValueError(f"KVGUARD_REGISTER: {name}: {exc}") from None
+        elif module is not None:
+            spec = _import_spec(name, module, attr)
+        entries.append((name, spec))
+    return entries
+
+
+def _spec_keywords(name: str, text: str) -> dict:
+    from ..spec import AllocatorSpec
+    allowed = set(AllocatorSpec.keywords()) - {"skip"}
+    out, pos, text = {}, 0, text.strip()
+    while pos < len(text):
+        m = _KEYWORD.match(text, pos)
+        if m is None or m.end() == pos:
+            raise ValueError(f"KVGUARD_REGISTER: {name}({text}): cannot read {text[pos:]!r}; "
+                             "expected keyword=value")
+        pos = m.end()
+        key, raw = m.groups()
+        if key not in allowed:
+            hint = (" (a callable: use pkg.mod.Class=pkg.module:SPEC)" if key == "skip" else
+                    f"; AllocatorSpec takes {', '.join(sorted(allowed))}")
+            raise ValueError(f"KVGUARD_REGISTER: {name}: no keyword {key!r}{hint}")
+        out[key] = _value(raw)
+    return out
+
+
+def _value(raw: str):
+    low = raw.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low == "none":
+        return None
+    if re.fullmatch(r"-?\d+", raw):
+        return int(raw)
+    return raw
+
+
+def _import_spec(name: str, module: str, attr: str):
+    import importlib
+
+    from ..spec import AllocatorSpec
+    try:
+        spec = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"KVGUARD_REGISTER: {name}={module}:{attr}: {exc}") from None
+    if not isinstance(spec, AllocatorSpec):
+        raise ValueError(f"KVGUARD_REGISTER: {name}={module}:{attr} is a "
+                         f"{type(spec).__name__}, not a kvguard.AllocatorSpec")
+    return spec

@@ -1,0 +1,246 @@
+"""The JSON-lines sink: each violation staging reports, appended as one line to a file per
+process, with a ``start`` line first and one ``stats`` line per guard at the end.
+
+The sink writes the first occurrence of each (kind, call site) and then one in
+``KVGUARD_LOG_EVERY``, stops at ``KVGUARD_LOG_MAX_MB``, and swallows its own I/O errors: staging
+must never hurt the serving path.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import weakref
+
+from .records import FORMAT_VERSION
+
+
+def log_path(template: str, pid: int | None = None) -> str:
+    """Where one process writes: ``{pid}``/``{host}`` filled in; a directory gets
+    ``kvguard-{pid}.jsonl`` inside it."""
+    pid = os.getpid() if pid is None else pid
+    if template.endswith(("/", os.sep)) or os.path.isdir(template):
+        template = os.path.join(template, "kvguard-{pid}.jsonl")
+    return template.replace("{pid}", str(pid)).replace("{host}", socket.gethostname())
+
+
+def guard_info(guard) -> dict:
+    """What a JSON line says about the guard: enough for ``kvguard report`` to group by
+    allocator and to say when ids were learned lazily rather than seen handed out."""
+    adopted = sum(ledger.adopted for ledger in guard.ledgers.values())
+    learned = guard.stats.learned
+    return {
+        "name": guard.name,
+        "class": guard.allocator_class,
+        "address": guard.address,
+        "mode": guard.mode,
+        "stacks": guard.stacks,
+        "sample": getattr(guard, "sample", 1),
+        "learning": guard.learning,
+        "learned": learned,
+        "seeded": max(adopted - learned, 0),
+    }
+
+
+class JsonLinesSink:
+    """A ``kvguard.subscribe`` listener that appends one JSON line per reported violation.
+
+    Each line is one ``os.write`` on an ``O_APPEND`` descriptor, so processes sharing one file
+    never interleave within a line. The file is opened at the first line to write, so processes
+    that never guard an allocator leave no file. After a fork the child opens its own file (its
+    own ``{pid}``) and reports only what happened after the fork.
+    """
+
+    def __init__(self, template: str, *, every: int = 100, max_bytes: int = 64 << 20,
+                 config: dict | None = None, run: str | None = None) -> None:
+        self.template = template
+        self.run = run
+        self.every = max(1, every)
+        self.max_bytes = max_bytes
+        self.config = config or {}
+        self._tracked = weakref.WeakKeyDictionary()
+        self._reset()
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._collected: collections.deque = collections.deque()
+        self._fd = None
+        self._pid = os.getpid()
+        self.path = None
+        self.written = 0
+        self.dropped = 0
+        self.failed = False
+        self.closed = False
+        self._seen: dict = {}
+        self._baseline = weakref.WeakKeyDictionary()
+
+    # -- subscribe() callback --
+
+    def __call__(self, guard, violation) -> None:
+        try:
+            if self._pid != os.getpid():  # forked without the at-fork hook (a C extension)
+                self.after_fork_in_child(())
+            key = (guard.name, violation.kind, violation.summary())
+            with self._lock:
+                n = self._seen[key] = self._seen.get(key, 0) + 1
+                if n != 1 and n % self.every:
+                    return
+                if self.written >= self.max_bytes:
+                    self.dropped += 1
+                    return
+                record = {"kvguard": FORMAT_VERSION, "event": "violation", "time": time.time(),
+                          "pid": os.getpid(), "host": socket.gethostname(), "occurrence": n,
+                          "guard": guard_info(guard), "violation": violation.to_dict()}
+                self._write(record)
+                self._write_collected()
+        except Exception as exc:  # never into the guarded call
+            self._fail(exc)
+
+    # -- guards collected before exit --
+
+    def track(self, guard) -> None:
+        """Write ``guard``'s stats line when it is collected, not only at exit: the guard of a
+        short-lived allocator would otherwise take what it checked with it. Each guard gets
+        one line: from here, or from ``close()`` if it is alive then."""
+        if guard in self._tracked:
+            return
+        remains = _Remains(guard)
+        finalizer = weakref.finalize(guard, self._on_collected, remains)
+        finalizer.atexit = False  # alive at exit: close() writes it
+        self._tracked[guard] = (remains, finalizer)
+
+    def _on_collected(self, remains) -> None:
+        """The finalizer: it may run inside this sink's own call (garbage collection strikes
+        anywhere), so it writes only if the lock is free and otherwise leaves the line to the
+        lock's holder (the next violation or ``close()`` at the latest)."""
+        try:
+            if self.closed or self._pid != os.getpid():
+                return
+            self._collected.append(remains)
+            if self._lock.acquire(blocking=False):
+                try:
+                    self._write_collected()
+                finally:
+                    self._lock.release()
+        except Exception as exc:
+            self._fail(exc)
+
+    def _write_collected(self) -> None:
+        while self._collected and not self.closed:
+            remains = self._collected.popleft()
+            self._write_stats(remains, remains.baseline)
+
+    # -- lifecycle --
+
+    def after_fork_in_child(self, guards) -> None:
+        """A forked child writes its own file and counts only its own calls."""
+        fd = self._fd
+        self._reset()
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        for guard in guards:
+            self._baseline[guard] = guard.stats.to_dict()
+            tracked = self._tracked.get(guard)
+            if tracked is not None:
+                tracked[0].baseline = self._baseline[guard]
+
+    def close(self, guards=()) -> None:
+        """Write one ``stats`` line per guard (what it checked, learned and found since this
+        process started or forked), then close the file. Once per process."""
+        try:
+            with self._lock:
+                if self.closed or self._pid != os.getpid():
+                    return
+                self._write_collected()
+                self.closed = True
+                for _, finalizer in list(self._tracked.values()):
+                    finalizer.detach()
+                for guard in guards:
+                    self._write_stats(guard, self._baseline.get(guard))
+                if self._fd is not None:
+                    os.close(self._fd)
+                    self._fd = None
+        except Exception as exc:
+            self._fail(exc)
+
+    def _write_stats(self, guard, baseline) -> None:
+        """One guard's ``stats`` line (``guard``: a Guard, or the _Remains of a collected one);
+        none for a guard that did nothing."""
+        stats = _minus(guard.stats.to_dict(), baseline)
+        if not any(v for k, v in stats.items() if k != "violations") and \
+                not stats["violations"]:
+            return
+        self._write({"kvguard": FORMAT_VERSION, "event": "stats", "time": time.time(),
+                     "pid": os.getpid(), "host": socket.gethostname(),
+                     "guard": guard_info(guard), "stats": stats, "dropped": self.dropped},
+                    force=True)
+
+    def _write(self, record: dict, force: bool = False) -> None:
+        if self.failed:
+            return
+        if self._fd is None:
+            self._open()
+        data = (json.dumps(record, default=repr) + "\n").encode()
+        os.write(self._fd, data)
+        self.written += len(data)
+
+    def _open(self) -> None:
+        self.path = log_path(self.template)
+        directory = os.path.dirname(self.path)
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        from .. import __version__
+        start = {"kvguard": FORMAT_VERSION, "event": "start", "time": time.time(),
+                 "pid": os.getpid(), "ppid": os.getppid(), "host": socket.gethostname(),
+                 "argv": list(getattr(sys, "argv", ())), "python": sys.version.split()[0],
+                 "version": __version__, "config": self.config}
+        if self.run is not None:
+            start["run"] = self.run
+        data = (json.dumps(start, default=repr) + "\n").encode()
+        os.write(self._fd, data)
+        self.written += len(data)
+
+    def _fail(self, exc: BaseException) -> None:
+        if not self.failed:
+            self.failed = True
+            from ..logger import emit
+            emit(logging.ERROR, "kvguard: cannot write violation reports to %s (staging goes "
+                 "on without its JSON lines): %r", self.path or self.template, exc)
+
+
+class _Remains:
+    """What a guard's stats line needs, kept past the guard's collection: the same attributes
+    ``guard_info`` reads, the live counters and ledgers (not the guard, which would never be
+    collected then), and the counters at the last fork."""
+
+    def __init__(self, guard) -> None:
+        self.name = guard.name
+        self.allocator_class = guard.allocator_class
+        self.address = guard.address
+        self.mode = guard.mode
+        self.stacks = guard.stacks
+        self.sample = getattr(guard, "sample", 1)
+        self.learning = guard.learning
+        self.ledgers = guard.ledgers
+        self.stats = guard.stats
+        self.baseline = None
+
+
+def _minus(now: dict, before: dict | None) -> dict:
+    if not before:
+        return now
+    out = {k: v - before.get(k, 0) for k, v in now.items() if k != "violations"}
+    old = before.get("violations", {})
+    out["violations"] = {k: v - old.get(k, 0) for k, v in now["violations"].items()
+                         if v - old.get(k, 0)}
+    return out

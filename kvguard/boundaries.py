@@ -24,17 +24,24 @@ from .owners import holding
 
 _declared: dict[str, dict] = {}  # dotted class name -> {method: (role, reader)}
 _installed: dict[tuple, object] = {}  # (class, method) -> the function it had
+_classes: dict[str, type] = {}  # declared with the class object itself
 _lock = threading.RLock()
 
 
 def declare(cls_or_name, **methods) -> None:
     """Declare boundaries of a class (or its dotted name): ``method=holder_of`` where
     ``holder_of(args, kwargs)`` reads the request id from the call (``request_arg(0)`` and
-    ``request_id_arg(0)`` read the common shapes), or ``method=("begin", leases_of)`` /
-    ``method=("end", step_of)`` for the step hooks (see ``StepHooks``)."""
+    ``request_id_arg(0)`` read the common shapes); ``method=("begin", hook)``, where
+    ``hook(self, result)`` runs after the method (a step was scheduled: open its lease);
+    ``method=("end", hook)``, where ``hook(self, args, kwargs)`` runs after it, however it
+    ended (a step was processed: close it); or ``method=("around", make)``, where
+    ``make(original)`` returns the method's replacement (an engine's own shape). A class
+    object given directly is installed on that very class."""
     name = cls_or_name if isinstance(cls_or_name, str) else (
         f"{cls_or_name.__module__}.{cls_or_name.__qualname__}")
     with _lock:
+        if not isinstance(cls_or_name, str):
+            _classes[name] = cls_or_name
         table = _declared.setdefault(name, {})
         for method, reader in methods.items():
             table[method] = reader if isinstance(reader, tuple) else ("holder", reader)
@@ -94,7 +101,7 @@ def on_import(module: str) -> None:
 
 def install_if_imported(name: str) -> None:
     module, _, qualname = name.rpartition(".")
-    cls = getattr(sys.modules.get(module), qualname, None)
+    cls = _classes.get(name) or getattr(sys.modules.get(module), qualname, None)
     if not isinstance(cls, type):
         return
     for method, (role, reader) in _declared[name].items():
@@ -140,6 +147,10 @@ def _wrap(role, reader, original):
                 _quietly(reader, self, args, kwargs)
         ends_step.__kvguard_boundary__ = True
         return ends_step
+    if role == "around":
+        wrapper = reader(original)
+        wrapper.__kvguard_boundary__ = True
+        return wrapper
     raise ValueError(f"unknown boundary role {role!r}")
 
 

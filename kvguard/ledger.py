@@ -210,6 +210,33 @@ class Ledger:
                 if counts:
                     held_by[b] = next(iter(counts))
 
+    def add_holder(self, ids, holder: int) -> None:
+        """``holder`` took a reference to live ``ids`` above the allocator (an engine that
+        shares blocks between requests in its own books, as Hugging Face's ``BlockLedger``)."""
+        held_by, holders, stamp = self.holder, self.holders, self.stamp
+        for b in ids:
+            if not 0 <= b < len(stamp) or stamp[b] <= 0:
+                continue
+            counts = holders.get(b)
+            if counts is not None:
+                counts[holder] = counts.get(holder, 0) + 1
+            elif not held_by[b]:
+                held_by[b] = holder
+            elif held_by[b] != holder:
+                holders[b] = {held_by[b]: 1, holder: 1}
+
+    def drop_holder(self, ids, holder: int) -> None:
+        """``holder``'s reference to live ``ids`` ended above the allocator (the block stays
+        out of the pool, cached or held by others): it no longer holds them."""
+        held_by, holders, stamp = self.holder, self.holders, self.stamp
+        for b in ids:
+            if not 0 <= b < len(stamp) or stamp[b] <= 0:
+                continue
+            if b in holders:
+                self.drop_holders([b], holder)
+            elif held_by[b] == holder:
+                held_by[b] = 0
+
     def holds(self, b: int, holder: int) -> bool:
         """Whether ``holder`` may release block ``b``: it holds a reference, or the block's
         holders are not known (no holder recorded, or none active)."""

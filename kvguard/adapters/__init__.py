@@ -9,6 +9,7 @@ keywords cannot say (extra allocating/freeing methods, resets, deferred frees).
 from __future__ import annotations
 
 from .deepspeed import SPECS as _DEEPSPEED
+from .huggingface import BOUNDARIES as _HUGGINGFACE_BOUNDARIES
 from .huggingface import SPECS as _HUGGINGFACE
 from .lmcache import SPECS as _LMCACHE
 from .sglang import SPECS as _SGLANG
@@ -17,5 +18,5 @@ from .vllm import SPECS as _VLLM
 
 BUILTIN_SPECS = {**_DEEPSPEED, **_VLLM, **_SGLANG, **_HUGGINGFACE, **_LMCACHE}
 
-BUILTIN_BOUNDARIES = {**_VLLM_BOUNDARIES}
+BUILTIN_BOUNDARIES = {**_VLLM_BOUNDARIES, **_HUGGINGFACE_BOUNDARIES}
 """The engines' request and step boundaries (``kvguard.boundaries``), by dotted class name."""

@@ -17,6 +17,10 @@ the guard's ledgers follow.
 
 from __future__ import annotations
 
+import functools
+
+from ..marks import guard_of
+from ..owners import holding
 from ..spec import AllocatorSpec
 from .methods import adapter, resetting, resizing
 
@@ -40,4 +44,69 @@ SPECS = {
         size=_sizes,
         adapter=adapter(resetting("reset"), resizing("set_blocks_per_sector", _index)),
     ),
+}
+
+
+# --- the request lifecycle around the pool (kvguard.boundaries) -----------------------------
+#
+# Each ``CacheAllocator`` keeps a request's blocks in ``block_table[request_id]`` and shares
+# blocks between requests in its own ``BlockLedger`` (prefix hits, forks, de-duplication of
+# identical blocks), above the pool: the pool sees a block handed out once and freed once, by
+# whichever request released it last. So each method that acts for a request runs as its holder,
+# and afterwards the guard is told which blocks the request holds now (its block table) and, on
+# ``free_blocks``, that its reference to blocks the allocator kept (cached, or held by others)
+# ended. A late free on behalf of a request then shows as the ``stale-free`` it is.
+
+CACHE_ALLOCATOR = ("transformers.generation.continuous_batching.cache_allocators."
+                   "cache_allocator.CacheAllocator")
+FULL_ATTENTION = ("transformers.generation.continuous_batching.cache_allocators."
+                  "full_attention.FullAttentionCacheAllocator")
+
+
+def _pool_guard(allocator):
+    pool = getattr(allocator, "pool", None)
+    return guard_of(pool) if pool is not None else None
+
+
+def _holds_its_table(request_position: int):
+    """The method acts for the request at ``request_position`` (the destination of a fork);
+    afterwards the request holds every block of its table."""
+    def make(original):
+        @functools.wraps(original)
+        def as_request(self, *args, **kwargs):
+            request = args[request_position] if len(args) > request_position else None
+            if request is None:
+                return original(self, *args, **kwargs)
+            with holding(request):
+                result = original(self, *args, **kwargs)
+            guard = _pool_guard(self)
+            if guard is not None:
+                guard.add_holder(list(self.block_table.get(request, ())), request,
+                                 pool=self.index)
+            return result
+        return as_request
+    return make
+
+
+def _frees_its_table(original):
+    @functools.wraps(original)
+    def free_blocks(self, request_id, *args, **kwargs):
+        table = list(self.block_table.get(request_id, ()))
+        with holding(request_id):
+            result = original(self, request_id, *args, **kwargs)
+        guard = _pool_guard(self)
+        if guard is not None and table:  # what stayed out of the pool is no longer its
+            guard.drop_holder(table, request_id, pool=self.index)
+        return result
+    return free_blocks
+
+
+BOUNDARIES = {
+    CACHE_ALLOCATOR: {
+        "free_blocks": ("around", _frees_its_table),
+        "acquire_prefix_blocks": ("around", _holds_its_table(0)),
+        "fork_blocks": ("around", _holds_its_table(1)),
+        "mark_complete_blocks": ("around", _holds_its_table(0)),
+    },
+    FULL_ATTENTION: {"allocate_cache_to_request": ("around", _holds_its_table(0))},
 }

@@ -19,7 +19,8 @@ from collections import Counter
 from .. import kinds, registry
 from ..ledger import Ledger
 from ..marks import ATTR, guard_of
-from ..owners import ACTIVE_OWNER
+from ..ids import result_ids
+from ..owners import ACTIVE_OWNER, OWNERS
 from ..spec import DEFAULT_SPEC, AllocatorSpec, per_pool, read
 from ..stacks import DEPTH, SITES
 from . import baseline, bookkeeping, careful, decisions, evidence, leases, roles, shadowing
@@ -429,6 +430,23 @@ class Guard:
         handing one out again before then is a ``free-in-flight``."""
         with self.lock:
             leases.begin(self, step, ids, pool, request)
+
+    def add_holder(self, ids, holder, *, pool=None) -> None:
+        """``holder`` (a request label) took a reference to live ``ids`` in the engine's own
+        books, above the allocator (a prefix hit, a fork): its later release of them is not
+        stale."""
+        with self.lock:
+            self.ledger(pool).add_holder(self._plain(ids), OWNERS.intern(holder))
+
+    def drop_holder(self, ids, holder, *, pool=None) -> None:
+        """``holder``'s reference to live ``ids`` ended in the engine's own books (the blocks
+        stay out of the pool: cached, or held by others)."""
+        with self.lock:
+            self.ledger(pool).drop_holder(self._plain(ids), OWNERS.intern(holder))
+
+    def _plain(self, ids) -> list:
+        spec = self.spec
+        return result_ids(ids, spec.id_attr, spec.skip).ids
 
     def void_in_flight(self, request) -> int:
         """The engine discards ``request``'s part of the steps in flight (it preempted or

@@ -334,7 +334,8 @@ class Ledger:
         site = self.origin[b]
         return BlockHistory(b, "live" if stamp > 0 else "free", self.refcount(b),
                             OWNERS.labels[SITES.owner(site)], abs(stamp), SITES.pairs(site),
-                            SITES.pairs(self.freed_at[b]) if with_frees else ())
+                            SITES.pairs(self.freed_at[b]) if with_frees else (),
+                            self.holder_of(b))
 
     def block(self, b: int) -> LiveBlock:
         if not self.seen(b):

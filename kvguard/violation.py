@@ -68,6 +68,8 @@ class BlockHistory:
     """The guard's call number that last handed the block out (live) or freed it (free)."""
     allocated_at: tuple | list = ()
     freed_at: tuple | list = ()
+    holder: object = None
+    """The request holding it (live), or that held it last (free); None if not known."""
 
     def to_dict(self) -> dict:
         return {
@@ -75,6 +77,7 @@ class BlockHistory:
             "state": self.state,
             "refcount": self.refcount,
             "owner": _jsonable(self.owner),
+            "holder": _jsonable(self.holder),
             "last_call": self.last_call,
             "allocated_at": [f.to_dict() for f in user_frames(self.allocated_at)],
             "freed_at": [f.to_dict() for f in user_frames(self.freed_at)],
@@ -87,6 +90,7 @@ class BlockHistory:
             d.get("last_call", 0),
             [_frame_from_dict(f) for f in d.get("allocated_at", ())],
             [_frame_from_dict(f) for f in d.get("freed_at", ())],
+            d.get("holder"),
         )
 
 
@@ -131,6 +135,8 @@ class Violation:
     call_stack: tuple | list = ()
     blocks: list = field(default_factory=list)
     owner: object = None
+    holder: object = None
+    """The request the violating call was made for (``kvguard.owner``, an adapter), if any."""
     history: list = field(default_factory=list)
     thread: str = field(default_factory=lambda: threading.current_thread().name)
     pid: int = field(default_factory=os.getpid)
@@ -162,6 +168,9 @@ class Violation:
         lines += _stack_lines(self.call_stack)
         for block in self.blocks[:MAX_BLOCKS_DETAILED]:
             owned = f", owner {block.owner!r}" if block.owner is not None else ""
+            if block.holder is not None and block.holder != block.owner:
+                owned += f", {'held' if block.state == 'live' else 'last held'} by " \
+                         f"{block.holder!r}"
             free = block.state == "free"
             if block.freed_at:
                 # A live block's last free is still the one to see: a stale owner wrote after
@@ -202,6 +211,7 @@ class Violation:
             "call_stack": [f.to_dict() for f in user_frames(self.call_stack)],
             "blocks": [b.to_dict() for b in self.blocks],
             "owner": _jsonable(self.owner),
+            "holder": _jsonable(self.holder),
             "history": [op.to_dict() for op in self.history],
             "thread": self.thread,
             "pid": self.pid,
@@ -229,6 +239,7 @@ class Violation:
             call_stack=[_frame_from_dict(f) for f in d.get("call_stack", ())],
             blocks=[BlockHistory.from_dict(b) for b in d.get("blocks", ())],
             owner=d.get("owner"),
+            holder=d.get("holder"),
             history=[Operation.from_dict(o) for o in d.get("history", ())],
             thread=d.get("thread", ""),
             pid=d.get("pid", 0),

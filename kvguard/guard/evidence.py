@@ -13,7 +13,7 @@ the interned call site, ``pool`` the sub-pool key (None without sub-pools) and `
 
 from __future__ import annotations
 
-from ..owners import current_owner
+from ..owners import current_holder, current_owner
 from ..stacks import SITES, raw_stack
 from ..violation import MAX_BLOCKS_DETAILED, Operation, Violation
 
@@ -52,6 +52,7 @@ def violation(guard, kind, block_ids, message, method, pool, ledger, detail_ids)
         allocator_address=guard.address, method=method, pool=pool,
         call_stack=raw_stack(1, VIOLATION_STACK_DEPTH[guard.stacks]),
         blocks=block_histories(ledger, detail_ids), owner=current_owner(),
+        holder=current_holder(),
         history=operations(guard.history),
         extra={"learned": ledger.adopted} if ledger.adopted else {},
     )

@@ -138,13 +138,14 @@ def _kind(value) -> bool:
 FRAME = {"file": _str, "line": _int, "function": _str}
 OPERATION = {"op": _str, "ids": _ids, "pool": _scalar, "call": _int,
              "site": lambda v: v is None or _frame_problem(v) is None}
-BLOCK = {"id": _int, "state": _str, "refcount": _int, "owner": _scalar, "last_call": _int,
+BLOCK = {"id": _int, "state": _str, "refcount": _int, "owner": _scalar, "holder": _scalar,
+         "last_call": _int,
          "allocated_at": _frames_problem, "freed_at": _frames_problem}
 ALLOCATOR = {"class": _str, "name": _str, "address": _str}
 VIOLATION = {
     "kind": _kind, "block_ids": _ids, "message": _str, "allocator": _table(ALLOCATOR),
     "method": _str, "pool": _scalar, "call_stack": _frames_problem,
-    "blocks": _each(BLOCK, required=("id",)), "owner": _scalar,
+    "blocks": _each(BLOCK, required=("id",)), "owner": _scalar, "holder": _scalar,
     "history": _each(OPERATION, required=("op",)), "thread": _str, "pid": _int, "time": _time,
     "expected": _bool, "extra": _dict, "summary": _str,
 }

@@ -349,3 +349,20 @@ def test_owner_arg_is_checked():
         kvguard.AllocatorSpec(owner_arg=True)
     with pytest.raises(TypeError, match="owner_arg"):
         kvguard.AllocatorSpec(owner_arg=1.5)
+
+
+def test_reports_and_records_carry_the_holders(quiet_kvguard_log):
+    pool = LinkedFreeList(4)
+    g = kvguard.guard(pool, on_violation="log")
+    stale = reuse_by_another(pool)
+    with kvguard.owner("R"):
+        pool.free(stale[:1])
+    (v,) = g.violations
+    d = v.to_dict()
+    assert d["holder"] == "R" and d["blocks"][0]["holder"] == "Q"
+    assert kvguard.Violation.from_dict(d).blocks[0].holder == "Q"
+    assert "owner 'Q'" in v.render()
+    jsonschema = pytest.importorskip("jsonschema")
+    from kvguard.staging import records
+    schema = records.schema(1)
+    jsonschema.validate(d, {"$defs": schema["$defs"], "$ref": "#/$defs/violation_report"})

@@ -105,7 +105,7 @@ def test_to_dict_is_json_and_from_dict_gives_the_same_report_back():
     assert d["summary"] == v.summary() and d["allocator"] == {
         "class": "eng.BlockPool", "name": "BlockPool#1", "address": "0x7f00"}
     assert d["owner"] == "('tuple', 'label')" and d["extra"]["handle"].startswith("<object")
-    assert d["blocks"][0] == {"id": 5, "state": "free", "refcount": 0, "owner": "req-7",
+    assert d["blocks"][0] == {"id": 5, "state": "free", "refcount": 0, "owner": "req-7", "holder": None,
                               "last_call": 9, "allocated_at": [ALLOCATED[0].to_dict()],
                               "freed_at": [FREED[0].to_dict()]}
     assert d["history"][0] == {"op": "allocate", "ids": [5, 6], "pool": "gpu", "call": 3,

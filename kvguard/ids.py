@@ -14,40 +14,12 @@ from __future__ import annotations
 import operator
 import sys
 from collections import Counter
-from dataclasses import dataclass, field
 
 from . import kinds
+from .arrays import read_ndarray, read_tensor, tensor_element
+from .normalized import Fault, Normalized, describe, short_repr
 
 _SEQUENCES = (list, tuple, range, set, frozenset)
-
-
-@dataclass
-class Fault:
-    """One thing wrong with the ids of a call, before the ledger is consulted."""
-
-    kind: str
-    message: str
-    block_ids: tuple = ()
-
-
-@dataclass
-class Normalized:
-    """The slow path's answer: ids plus what the fast path had no room for."""
-
-    ids: list
-    faults: list = field(default_factory=list)
-    objects: list | None = None
-    """With ``id_attr``: the object carrying each id in ``ids``, to forward a repaired call."""
-    passthrough: list = field(default_factory=list)
-    """Items ``skip`` let through unchecked (vLLM's null block): forwarded, never tracked."""
-    tensor: object = None
-    """The tensor the ids came from, to rebuild a repaired call in the same dtype and device."""
-    consumed: bool = False
-    """The ids came from a one-shot iterator the guard had to drain."""
-    materialized: list | None = None
-    """What the drained iterator yielded, to forward in its place."""
-    given: object = None
-    """The value as the caller passed it: a repaired call is rebuilt in its container type."""
 
 
 def torch_tensor_type():
@@ -57,11 +29,6 @@ def torch_tensor_type():
 
 def _numpy():
     return sys.modules.get("numpy")
-
-
-def describe(value) -> str:
-    tp = type(value)
-    return tp.__name__ if tp.__module__ == "builtins" else f"{tp.__module__}.{tp.__qualname__}"
 
 
 def fast_ids(value):
@@ -142,14 +109,14 @@ def _normalize(value, tensor_ok, id_attr, skip, iterator_ok, consume, what) -> N
     Tensor = torch_tensor_type()
     np = _numpy()
     if Tensor is not None and isinstance(value, Tensor):
-        _read_tensor(value, out, tensor_ok, what)
+        read_tensor(value, out, tensor_ok, what)
         return out
     if np is not None and isinstance(value, np.ndarray):
-        _read_ndarray(value, out, what)
+        read_ndarray(value, out, what)
         return out
     if isinstance(value, (str, bytes, bytearray, memoryview, dict)):
         out.faults.append(Fault(kinds.INVALID_ID, f"{what} got {describe(value)} "
-                                f"{_short_repr(value)} where block ids belong"))
+                                f"{short_repr(value)} where block ids belong"))
         return out
     if _is_single(value, id_attr, Tensor, np):
         _read_items((value,), out, tensor_ok, id_attr, skip, what, Tensor, np)
@@ -231,14 +198,6 @@ def _has_path(item, path: str) -> bool:
     return True
 
 
-def _short_repr(value, limit: int = 40) -> str:
-    try:
-        text = repr(value)
-    except Exception:  # the caller's own __repr__ is broken: name the type instead
-        text = f"<{describe(value)}>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _read_items(items, out, tensor_ok, id_attr, skip, what, Tensor, np) -> None:
     ids = out.ids
     objects = out.objects = [] if id_attr is not None else None
@@ -260,7 +219,7 @@ def _read_items(items, out, tensor_ok, id_attr, skip, what, Tensor, np) -> None:
             try:
                 raw = getattr(item, id_attr) if "." not in id_attr else _get_path(item, id_attr)
             except AttributeError:
-                invalid.append((_short_repr(item), f"has no .{id_attr}"))
+                invalid.append((short_repr(item), f"has no .{id_attr}"))
                 continue
         tp = type(raw)
         if tp is int:
@@ -269,7 +228,7 @@ def _read_items(items, out, tensor_ok, id_attr, skip, what, Tensor, np) -> None:
             bools.append(raw)
             continue
         elif Tensor is not None and isinstance(raw, Tensor):
-            value = _tensor_element(raw, tensor_ok, bools, tensors, invalid)
+            value = tensor_element(raw, tensor_ok, bools, tensors, invalid)
             if value is None:
                 continue
         elif isinstance(raw, float):
@@ -279,10 +238,10 @@ def _read_items(items, out, tensor_ok, id_attr, skip, what, Tensor, np) -> None:
             try:
                 value = operator.index(raw)
             except TypeError:
-                invalid.append((_short_repr(raw), f"is a {describe(raw)}, not an integer"))
+                invalid.append((short_repr(raw), f"is a {describe(raw)}, not an integer"))
                 continue
             except Exception as exc:  # an __index__ of the caller's own that raises
-                invalid.append((_short_repr(raw), f"cannot be read as an integer ({exc!r})"))
+                invalid.append((short_repr(raw), f"cannot be read as an integer ({exc!r})"))
                 continue
         if value < 0:
             invalid.append((str(value), "is negative"))
@@ -309,94 +268,6 @@ def _read_items(items, out, tensor_ok, id_attr, skip, what, Tensor, np) -> None:
 
 def _is_int_text(text: str) -> bool:
     return text.lstrip("-").isdigit()
-
-
-def _tensor_element(t, tensor_ok, bools, tensors, invalid):
-    """A 0-dim tensor inside a list: its value, or None after noting what is wrong with it."""
-    if t.dim() != 0:
-        invalid.append((_short_repr(t), f"is a {t.dim()}-D tensor inside the ids"))
-        return None
-    if t.is_meta:
-        invalid.append((_short_repr(t), "is a meta tensor element: it has no value"))
-        return None
-    if t.dtype.is_floating_point or t.dtype.is_complex:
-        invalid.append((repr(t.item()), f"is a {t.dtype} tensor element"))
-        return None
-    value = t.item()
-    if isinstance(value, bool):
-        bools.append(value)
-        return None
-    if not tensor_ok:
-        tensors.append(value)
-        return None
-    return value
-
-
-def _read_tensor(t, out, tensor_ok, what) -> None:
-    dtype = t.dtype
-    if dtype.is_floating_point or dtype.is_complex:
-        out.faults.append(Fault(kinds.INVALID_ID, f"{what} got a {dtype} tensor; block ids are "
-                                "integers"))
-        return
-    if t.dim() > 1:
-        out.faults.append(Fault(kinds.INVALID_ID, f"{what} got a {t.dim()}-D tensor of shape "
-                                f"{tuple(t.shape)}; block ids are 1-D"))
-        return
-    if t.is_meta:
-        out.faults.append(Fault(kinds.INVALID_ID, f"{what} got a meta tensor: it has a shape "
-                                "but no values, so it holds no block ids"))
-        return
-    values = t.reshape(-1).tolist()
-    if dtype is _torch_bool():
-        ids = tuple(i for i, v in enumerate(values) if v)
-        out.faults.append(Fault(kinds.BOOL_ID, (
-            f"{what} got a bool tensor of {len(values)} elements: indexing with it selects by "
-            "mask, not by id; pass mask.nonzero().flatten() or the ids themselves"), ids))
-        return
-    values = _without_negatives(values, out, what)
-    out.ids = values
-    out.tensor = t
-    if not tensor_ok:
-        kind = "0-dim tensor" if t.dim() == 0 else "torch.Tensor"
-        out.faults.append(Fault(kinds.TENSOR_ID, (
-            f"{what} got a {kind} ({dtype}, {t.device}): its elements hash by identity, so "
-            "set(), `in` and dict checks see no duplicates, and storing one keeps a view of the "
-            "caller's tensor; pass ids.tolist()"), tuple(values)))
-
-
-def _without_negatives(values: list, out: Normalized, what: str) -> list:
-    """An array's negative entries are faults, reported once; the rest are still checked."""
-    negative = [v for v in values if v < 0]
-    if not negative:
-        return values
-    out.faults.append(Fault(kinds.INVALID_ID, f"{what} got negative block id {negative[0]}",
-                            tuple(negative)))
-    return [v for v in values if v >= 0]
-
-
-def _torch_bool():
-    return sys.modules["torch"].bool
-
-
-def _read_ndarray(a, out, what) -> None:
-    kind = a.dtype.kind
-    if a.ndim > 1:
-        out.faults.append(Fault(kinds.INVALID_ID, f"{what} got a {a.ndim}-D array of shape "
-                                f"{a.shape}; block ids are 1-D"))
-        return
-    values = a.reshape(-1).tolist()
-    if kind == "b":
-        out.faults.append(Fault(kinds.BOOL_ID, (
-            f"{what} got a bool array: it selects by mask, not by id; pass "
-            "np.flatnonzero(mask) or the ids themselves"), tuple(i for i, v in enumerate(values)
-                                                              if v)))
-        return
-    if kind not in "iu":
-        out.faults.append(Fault(kinds.INVALID_ID, f"{what} got a {a.dtype} array; block ids are "
-                                "integers"))
-        return
-    values = _without_negatives(values, out, what)
-    out.ids = values
 
 
 def result_ids(value, id_attr=None, skip=None) -> Normalized:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import linecache
 import os
+import random
 import sys
 from dataclasses import dataclass
 
@@ -200,3 +201,20 @@ class SiteTable:
 
 SITES = SiteTable()
 """One table per process: sites repeat across allocators, and reports compare them."""
+
+
+def sampled_capture(every: int):
+    """A site capture that keeps the stack of one call in ``every`` and only the owner for the
+    rest (``sample=``; staging's ``KVGUARD_SAMPLE``). Calls are drawn at random from a private
+    generator, so a periodic workload cannot hide a call site and the program's own ``random``
+    sequence is left alone; the ledger and the counters still see every call."""
+    draw = random.Random(every).random
+    chance = 1.0 / every
+    capture = SITES.capture
+
+    def sampled(depth, limit, owner=0):
+        if draw() < chance:
+            return capture(depth + 1, limit, owner)
+        return capture(depth + 1, 0, owner) if owner else 0
+    sampled.__kvguard_sample__ = (draw, chance, capture)  # what the compiled wrappers do here
+    return sampled

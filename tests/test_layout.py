@@ -120,3 +120,26 @@ def test_a_face_reaching_into_another_face_is_found(tmp_path):
                                entries={"pkg.testing": "pkg.a"})
     assert found == ["pkg.a.two imports pkg.b (line 2)", "pkg.a.two imports pkg.b.go (line 2)",
                      "pkg.b.go imports pkg.testing (line 1)"]
+
+
+MAX_LINES = 400
+"""A module past this usually holds two ideas: split it along its own seams."""
+
+
+def long_modules(root: Path, package: str, limit: int = MAX_LINES) -> list[str]:
+    """``"path: N lines"`` for each Python module of ``package`` over ``limit`` lines (the C
+    extension is not a Python module and is not counted)."""
+    return [f"{path.relative_to(root)}: {n} lines"
+            for path in sorted((root / package).rglob("*.py"))
+            if (n := len(path.read_text().splitlines())) > limit]
+
+
+def test_no_module_of_kvguard_is_over_400_lines():
+    assert len(list((REPO / "kvguard").rglob("*.py"))) > 40
+    assert long_modules(REPO, "kvguard") == []
+
+
+def test_long_modules_counts_lines_of_python_modules_only(tmp_path):
+    write_package(tmp_path, {"pkg/__init__.py": "", "pkg/short.py": "x = 1\n" * 400,
+                             "pkg/sub/long.py": "x = 1\n" * 401, "pkg/_speed.c": "int x;\n" * 900})
+    assert long_modules(tmp_path, "pkg") == ["pkg/sub/long.py: 401 lines"]

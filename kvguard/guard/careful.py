@@ -11,9 +11,10 @@ from __future__ import annotations
 from ..ids import normalize
 from ..owners import ACTIVE_HOLDER, ACTIVE_OWNER
 from .arguments import MISSING
-from .bookkeeping import commit_release, follow_allocator
+from .bookkeeping import commit_allocation, commit_release, follow_allocator
 from .checker import check_release
 from .decisions import contain, drains, protect, reject_faults, route_free
+from .readers import one_shot
 
 
 def free_slow(guard, original, args, kwargs, value):
@@ -84,4 +85,17 @@ def forward_aside(guard, original, args, kwargs, plan):
         commit_release(guard, plan)
     finally:
         follow_allocator(guard)
+    return result
+
+
+def alloc_slow(guard, capture, args, kwargs, result, depth, up=1):
+    """An allocation's careful tail: the site captured ``up`` frames above this one (1 for the
+    compiled wrapper, which has no frame of its own; 2 for the closure, which calls this), the
+    result read once and committed."""
+    try:
+        site = capture(up, depth, ACTIVE_OWNER.get())
+    except Exception as exc:
+        site = contain(guard, exc)
+    seen, result = one_shot(result)
+    protect(guard, commit_allocation, guard, args, kwargs, seen, site)
     return result

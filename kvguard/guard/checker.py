@@ -12,7 +12,7 @@ from __future__ import annotations
 import operator
 
 from .. import kinds
-from ..ids import Fault
+from ..normalized import Fault
 from ..owners import OWNERS
 
 

@@ -27,7 +27,7 @@ from .bookkeeping import commit_allocation, follow_resize, forget_all
 from .careful import forward_release, plan_release
 from .decisions import REPAIR, contain, protect, settle
 from .instances import engine_method
-from .shadowing import one_shot
+from .readers import one_shot
 
 ROLES = ("allocating", "freeing", "checking", "resetting", "resizing", "settled")
 

@@ -18,19 +18,17 @@ import collections
 import functools
 import itertools
 import operator
-import sys
 import threading
 
-from ..fastread import ITERATORS, KINDS, plain_ids
-from ..ids import torch_tensor_type
-from ..marks import ATTR, THE_ALLOCATOR
-from ..owners import ACTIVE_HOLDER, ACTIVE_OWNER, OWNERS
+from ..fastread import ITERATORS, KINDS
+from ..owners import ACTIVE_OWNER
 from ..stacks import SITES, SiteTable
 from . import careful, compiled
 from .arguments import MISSING, Param
-from .bookkeeping import commit_allocation
-from .decisions import contain, protect
-
+from .careful import alloc_slow
+from .decisions import contain
+from .holders import as_holder
+from .readers import fast_ledger, fast_reader, keeps_all_for
 
 ACCEL = compiled.FASTPATH
 """The compiled wrappers in use, or None for the closures below (the reference). Tests switch
@@ -70,111 +68,11 @@ def new_history(maxlen: int):
     return recorder(maxlen) if recorder is not None else collections.deque(maxlen=maxlen)
 
 
-def reduce_hook(guard):
-    """The allocator's ``__reduce_ex__`` while guarded. ``copy.copy``, ``copy.deepcopy`` and
-    ``pickle`` look it up on the instance: they get the allocator's own reduction with the
-    guard's wrappers taken out of its state, so a copy is an unguarded, correct copy (its
-    ``free`` frees on itself, not on the original) and a pickle holds the unguarded state.
-    """
-
-    def __reduce_ex__(protocol):
-        allocator = guard.allocator
-        guard.release_quarantine()  # the copy must see every block its caller freed
-        reduction = type(allocator).__reduce_ex__(allocator, protocol)
-        if not isinstance(reduction, tuple) or len(reduction) < 3:
-            return reduction
-        state = reduction[2]
-        if isinstance(state, dict):
-            state = unguarded(guard, state)
-        elif (isinstance(state, tuple) and len(state) == 2
-              and isinstance(state[0], dict)):  # (__dict__, __slots__ values)
-            state = (unguarded(guard, state[0]), state[1])
-        return reduction[:2] + (state,) + reduction[3:]
-    __reduce_ex__.__kvguard_hook__ = guard  # not __kvguard__: no method to dispatch to
-    return __reduce_ex__
-
-
-def unguarded(guard, state: dict) -> dict:
-    """An instance ``__dict__`` as it would be without the guard (a new dict)."""
-    allocator = guard.allocator
-    own = vars(allocator) if allocator is not None else {}
-    out = dict(state)
-    if out.get(ATTR) is guard:
-        del out[ATTR]
-    for name, original in guard._originals.items():
-        if name in out and out[name] is own.get(name):
-            if original is MISSING:
-                del out[name]
-            else:
-                out[name] = original
-    return out
-
-
 def fast_path(guard) -> bool:
     """Whether the wrappers may take their fast path. Watchers and quarantine see every call
     on the careful path; ``fast_path=False`` asks for that too (the differential tests run
     both and compare their verdicts)."""
     return guard._fast and not guard._quarantine.size and not guard._watchers
-
-
-def fast_reader(guard, result: bool):
-    """The fast path's reader of ids for this spec, or None when it has none (dotted
-    ``id_attr``, a ``skip`` over plain ids). ``read(value)`` returns a new list of plain
-    ints, or None: then the careful path reads the value and decides."""
-    spec = guard.spec
-    if spec.id_attr is not None:
-        if "." in spec.id_attr:
-            return None
-        get = operator.attrgetter(spec.id_attr)
-        skip = spec.skip
-        # A skipped item (vLLM's null block) is passed through unchecked: that is the careful
-        # path's business. ``skip.keeps_all(allocator, items)`` answers for a whole call at
-        # once (True: no item is skipped); otherwise each item is asked.
-        keeps_all = getattr(skip, "keeps_all", None)
-        allocator = guard.allocator
-
-        def read_objects(value):
-            tp = type(value)
-            if tp is not list and tp is not tuple:
-                return None
-            if skip is not None:
-                if keeps_all is not None:
-                    if not keeps_all(allocator, value):
-                        return None
-                elif any(map(skip, value)):
-                    return None
-            return list(map(get, value))  # an object without the id: the careful path
-        return read_objects
-    if spec.skip is not None:
-        return None
-    if not (result or spec.tensor_ok):
-        return plain_ids
-
-    def read_or_tensor(value):
-        ids = plain_ids(value)
-        return ids if ids is not None else int_tensor_ids(value)
-    return read_or_tensor
-
-
-def fast_ledger(guard, method):
-    """``(main, ledger_of)``: the ``Ledger.hot`` columns of a spec without sub-pools, or
-    ``ledger_of(args, kwargs)`` giving those of the call's sub-pool when its key is a plain
-    int (or absent) and its ledger exists, else None (careful path)."""
-    param = guard._pool_params.get(method)
-    if param is None:
-        return guard.ledger(guard._default_pool()).hot, None
-    ledgers = guard._ledgers
-    get = param.get
-
-    def ledger_of(args, kwargs):
-        key = get(args, kwargs)
-        if key is MISSING:
-            key = None
-        elif key is not None and type(key) is not int:
-            return None
-        ledger = ledgers.get(key)
-        return None if ledger is None else ledger.hot
-    return None, ledger_of
 
 
 def install(guard) -> None:
@@ -195,42 +93,6 @@ def install(guard) -> None:
         if method not in guard._originals:
             guard._originals[method] = own.get(method, MISSING)
         own[method] = wrapper
-
-
-def as_holder(guard, wrapper, method):
-    """[owner_arg] ``wrapper`` run as the holder its call names (``AllocatorSpec.owner_arg``):
-    one context variable set around the guarded call, so the fast paths read it as they read
-    a holder an engine adapter set."""
-    where = guard.spec.owner_arg
-    if callable(where):
-        read_owner = where
-    else:
-        param = Param(guard._bound[method], where)
-        if not param.found:
-            return wrapper
-
-        def read_owner(args, kwargs):
-            value = param.get(args, kwargs)
-            return None if value is MISSING else value
-
-    intern, holder_var = OWNERS.intern, ACTIVE_HOLDER
-
-    def holding(*args, **kwargs):
-        try:
-            label = read_owner(args, kwargs)
-        except Exception:  # the allocator's own call decides what is wrong with it
-            label = None
-        if label is None:
-            return wrapper(*args, **kwargs)
-        token = holder_var.set(intern(label))
-        try:
-            return wrapper(*args, **kwargs)
-        finally:
-            holder_var.reset(token)
-
-    holding.__wrapped__ = getattr(wrapper, "__wrapped__", wrapper)
-    holding.__kvguard__ = guard
-    return holding
 
 
 def wrap_free(guard, original):
@@ -476,32 +338,12 @@ def wrap_alloc(guard, original):
     return allocate
 
 
-def keeps_all_for(skip, allocator):
-    """What the compiled wrapper asks before reading block objects: ``skip.keeps_all`` (called
-    as the closure calls it), or, where it declares ``identities`` (``(attribute, object)``
-    pairs, ``THE_ALLOCATOR`` for the allocator), those pairs, which C checks item by item
-    without a Python call: every item's attribute must *be* the object. Stricter than a Python
-    ``keeps_all`` that tests truth (``is_null`` being 0 is not ``False``), never looser: an
-    item that fails goes to the careful path, whose verdict is the one the fast path gives."""
-    keeps_all = getattr(skip, "keeps_all", None)
-    try:
-        pairs = tuple((sys.intern(name), allocator if want is THE_ALLOCATOR else want)
-                      for name, want in getattr(keeps_all, "identities", None))
-    except Exception:  # none declared, or not (str, object) pairs: call keeps_all instead
-        pairs = None
-    if pairs is not None:
-        return pairs
-    if type(keeps_all) is tuple:  # C would take a tuple for pairs: call it, as the closure
-        return lambda allocator, items: keeps_all(allocator, items)
-    return keeps_all
-
-
 def accelerated(kind, guard, original, param, read, plain, main, ledger_of, drain, put, slow,
                 engine_count):
     """The compiled twin of ``release`` / ``allocate`` (``kind``), bound to what the closure
     binds. Its careful path is ``slow``, called where the closure calls the careful path."""
     capture = guard._capture
-    # front._sampled_capture (sample=N) over SITES.capture: drawn and captured in C too
+    # stacks.sampled_capture (sample=N) over SITES.capture: drawn and captured in C too
     draw, chance, inner = getattr(capture, "__kvguard_sample__", (None, None, capture))
     native = getattr(inner, "__self__", None) is SITES and \
         getattr(inner, "__func__", None) is SiteTable.capture
@@ -540,54 +382,3 @@ def stacks_slow(slow):
     def careful_path(*args):
         return slow(*args)
     return careful_path
-
-
-def alloc_slow(guard, capture, args, kwargs, result, depth, up=1):
-    """An allocation's careful tail: the site captured ``up`` frames above this one (1 for the
-    compiled wrapper, which has no frame of its own; 2 for the closure, which calls this), the
-    result read once and committed."""
-    try:
-        site = capture(up, depth, ACTIVE_OWNER.get())
-    except Exception as exc:
-        site = contain(guard, exc)
-    seen, result = one_shot(result)
-    protect(guard, commit_allocation, guard, args, kwargs, seen, site)
-    return result
-
-
-def int_tensor_ids(value):
-    """A tensor's elements as a list (DeepSpeed and SGLang hand out tensors), else None. One
-    ``tolist()`` (a single host sync for a CUDA tensor) and no other call into torch, whose
-    attribute reads cost more than the checking: the fast path then accepts only a flat list of
-    plain ints, so a bool mask (Python bools), a float or complex tensor, a 2-D one (nested
-    lists) or a 0-dim one (a bare number) still goes to the careful path, which names it. An
-    empty tensor has no elements to tell its dtype by: careful path too."""
-    if type(value).__name__ != "Tensor" or type(value) is not torch_tensor_type():
-        return None
-    ids = value.tolist()
-    return ids if type(ids) is list and ids else None
-
-
-def one_shot(result):
-    """``(what the ledger reads, what the caller gets)`` for an allocation's result. A one-shot
-    iterator (a generator, ``map``, ``iter(list)``) can be read only once: the guard drains it
-    into a list and the caller gets a fresh iterator over the same ids, which fails the way the
-    original did, at the same point, if the allocator's iterator raised midway. Anything else
-    is read in place and handed back untouched."""
-    try:
-        if iter(result) is not result:
-            return result, result
-    except Exception:
-        return result, result
-    items: list = []
-    try:
-        for item in result:
-            items.append(item)
-    except Exception as exc:
-        return items, _then_raise(list(items), exc)
-    return items, iter(list(items))
-
-
-def _then_raise(items, exc):
-    yield from items
-    raise exc

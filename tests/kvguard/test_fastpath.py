@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import kvguard
-from kvguard.guard import careful, shadowing
+from kvguard.guard import careful
 from kvguard.marks import THE_ALLOCATOR
 
 from .conftest import three_ways, use_wrappers
@@ -424,7 +424,7 @@ def test_the_fast_path_is_taken(monkeypatch, implementation):
     not reach the careful reader on clean calls of any shape."""
     calls = []
     monkeypatch.setattr(careful, "plan_release", lambda *a: calls.append(a))
-    monkeypatch.setattr(shadowing, "commit_allocation", lambda *a: calls.append(a))
+    monkeypatch.setattr(careful, "commit_allocation", lambda *a: calls.append(a))
     for shape, (kind, spec) in SHAPES.items():
         objects = kind is True
         allocator = twin(kind)

@@ -25,8 +25,8 @@ from .helpers import allocator_state
 
 guard_module = importlib.import_module("kvguard.guard")
 HOMES = {"normalize": "kvguard.guard.careful", "result_ids": "kvguard.guard.bookkeeping",
-         "raw_stack": "kvguard.guard.evidence", "int_tensor_ids": "kvguard.guard.shadowing",
-         "torch_tensor_type": "kvguard.guard.shadowing", "violation": "kvguard.guard.evidence"}
+         "raw_stack": "kvguard.guard.evidence", "int_tensor_ids": "kvguard.guard.readers",
+         "torch_tensor_type": "kvguard.guard.readers", "violation": "kvguard.guard.evidence"}
 """The module whose global each injected fault replaces."""
 
 

@@ -13,8 +13,9 @@ and pytest are imported only when a check runs: ``import kvguard`` never imports
 
 from .conformance.search import (
     CLAUSES, DEFAULT_BUDGET, DEFAULT_EXAMPLES, ConformanceError, ConformanceReport, Driver,
-    Finding, by_id, check_allocator, ids_of,
+    Finding, MissingDependency, by_id, check_allocator, ids_of,
 )
 
 __all__ = ["CLAUSES", "ConformanceError", "ConformanceReport", "DEFAULT_BUDGET",
-           "DEFAULT_EXAMPLES", "Driver", "Finding", "by_id", "check_allocator", "ids_of"]
+           "DEFAULT_EXAMPLES", "Driver", "Finding", "MissingDependency", "by_id",
+           "check_allocator", "ids_of"]

@@ -23,7 +23,7 @@ from .expect import Expectation, RaisesHook
 from .fixture import KVGuardFixture
 from .frames import hide_machinery, show_machinery, trim_violation
 from .leaks import LeakSummary
-from .markers import TestSettings, settings_for
+from .markers import TestSettings, mark_emitted, settings_for
 from .state import Record, TestState
 from .tracking import Tracker
 
@@ -89,6 +89,9 @@ class Manager:
             kvguard.unregister(name)
             if previous is not None:
                 kvguard.register(name, previous)
+
+    def pytest_collection_modifyitems(self, session, config, items) -> None:
+        mark_emitted(items)
 
     def pytest_report_header(self, config) -> str:
         s = self.settings

@@ -16,8 +16,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .clauses import CLAUSES, Driver
 from ..spec import AllocatorSpec
+from .clauses import CLAUSES, Driver
 
 
 @dataclass(frozen=True)
@@ -77,14 +77,14 @@ def _numpy_ids(value):
 
 
 def _vllm_block(pool, i):
-    if 0 <= i < len(pool.blocks):
-        return pool.blocks[i]
-    return type(pool.blocks[0])(i)
+    """The pool's own block object for an in-range id (callers look blocks up in
+    ``pool.blocks`` by id); never one made up for an id the pool could not have handed out."""
+    return pool.blocks[i] if 0 <= i < len(pool.blocks) else None
 
 
 _VLLM_DRIVER = Driver(
-    block=_vllm_block, reserved=(0,),
-    source={"block": "{a}.blocks[{id}]"})
+    block=_vllm_block, reserved=(0,), refcount=lambda a, b: a.blocks[b].ref_cnt,
+    source={"block": "{a}.blocks[{id}]", "refcount": "{a}.blocks[{id}].ref_cnt"})
 
 TARGETS = {
     "deepspeed.inference.v2.ragged.blocked_allocator.BlockedAllocator": Target(
@@ -104,14 +104,15 @@ TARGETS = {
         lambda cls: cls(size=8, dtype=_torch().float16, device="cpu", kvcache=None,
                         need_sort=False),
         "{cls}(size=8, dtype=torch.float16, device='cpu', kvcache=None, need_sort=False)",
-        driver=Driver(reserved=(0,), source={"imports": ["import torch"]}),
+        driver=Driver(reserved=(0,), source={"imports": ["import torch"],
+                                             "free_count": "{a}.available_size()"}),
         note="slot 0 is the padding slot, never handed out"),
     "transformers.generation.continuous_batching.cache_allocators.cache_pool.CachePool": Target(
         _hf_pool, "{cls}(num_sectors=2, num_allocators=1)",
         driver=Driver(
             allocate=lambda a, n: a.get_free_blocks(0, n),
             free=lambda a, ids: a.free_blocks(0, ids),
-            free_count=lambda a: a.count_free_blocks(0),
+            free_count=lambda a: a.count_free_blocks(0), reserved=tuple(range(8)),
             size=lambda a: (a.num_sectors + a.num_reserved_sectors) * a.blocks_per_sector[0],
             source={"allocate": "{a}.get_free_blocks(0, {n})", "free": "{a}.free_blocks(0, {ids})",
                     "free_count": "{a}.count_free_blocks(0)",
@@ -140,8 +141,10 @@ TARGETS = {
                            free_count="get_num_free_blocks"),
         driver=Driver(
             free=lambda a, ids: a.free(_numpy_ids(ids)),
-            share=lambda a, ids: a.add_ref_count(_numpy_ids(ids), 1),
+            share=lambda a, ids: a.add_ref_count(_numpy_ids(ids), 1), typed=True,
+            refcount=lambda a, b: a.get_ref_count(_numpy_ids([b]))[0],
             source={"share": "{a}.add_ref_count({ids}, 1)",
+                    "refcount": "{a}.get_ref_count(numpy.asarray([{id}]))[0]",
                     "plain_ids": "numpy.asarray({ids})", "imports": ["import numpy"]}),
         note="ids as numpy arrays, as its block manager passes them; add_ref_count shares"),
 }
@@ -216,30 +219,12 @@ def target_for(cls: type, factory: str | None = None, spec: AllocatorSpec | None
 
 def fuzz_command(argv) -> int:
     """``kvguard fuzz DOTTED.NAME``."""
-    from ..cli import Parser, UsageError
-    parser = Parser(prog="kvguard fuzz", description=(
-        "Fuzz an allocator class against the allocator contract (driven unguarded, judged by "
-        "kvguard's ledger) and report every clause it breaks with a shrunk call sequence and a "
-        f"regression test. Built-in factories: {', '.join(TARGETS)}."))
-    parser.add_argument("name", metavar="DOTTED.NAME", help="the allocator class, "
-                        "package.module.Class")
-    parser.add_argument("--factory", metavar="EXPR", help="a Python expression that builds a "
-                        "small pool, with the class bound to `cls` (e.g. 'cls(16)'); default: "
-                        "the built-in factory for the engines' allocators")
-    parser.add_argument("--spec", metavar="MODULE.NAME", help="a kvguard.AllocatorSpec to "
-                        "read it with; default: the class's registered (built-in) spec")
-    parser.add_argument("--examples", type=int, default=None, metavar="N",
-                        help="call sequences per clause (default 100)")
-    parser.add_argument("--seed", type=int, default=0, metavar="S",
-                        help="the same seed gives the same report (default 0)")
-    parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
-                        help="stop searching after this long (default 30)")
-    parser.add_argument("--clause", action="append", choices=list(CLAUSES), default=None,
-                        metavar="NAME", help="check only this clause (repeatable): "
-                        f"{', '.join(CLAUSES)}")
-    args = parser.parse_args(argv)
+    from ..cli import UsageError
+    args = _parser().parse_args(argv)
     if args.examples is not None and args.examples < 1:
         raise UsageError("kvguard fuzz: error: --examples must be at least 1")
+    if args.budget is not None and not args.budget > 0:
+        raise UsageError("kvguard fuzz: error: --budget must be a number of seconds above 0")
     cls = imported(args.name, "fuzz")
     if not isinstance(cls, type):
         raise UsageError(f"kvguard fuzz: error: {args.name} is not a class")
@@ -257,13 +242,74 @@ def fuzz_command(argv) -> int:
     except Exception as exc:
         raise UsageError(f"kvguard fuzz: error: cannot build a {cls.__name__}: {exc!r}") \
             from None
-    from .search import DEFAULT_BUDGET, DEFAULT_EXAMPLES, check_allocator
+    from .search import DEFAULT_BUDGET, DEFAULT_EXAMPLES, MissingDependency, check_allocator
     try:
         report = check_allocator(make, spec, examples=args.examples or DEFAULT_EXAMPLES,
                                  seed=args.seed, budget=args.budget or DEFAULT_BUDGET,
                                  driver=driver, clauses=args.clause, make=source,
+                                 robustness=args.robustness or None, progress=_Progress(),
                                  raise_on_broken=False)
+    except MissingDependency as exc:
+        raise UsageError(f"kvguard fuzz: error: {exc}") from None
     except (TypeError, ValueError) as exc:
         raise UsageError(f"kvguard fuzz: error: {exc}") from None
-    sys.stdout.write(report.render() + "\n")
+    if report.seconds >= _Progress.AFTER:
+        sys.stderr.write(f"kvguard fuzz: done in {report.seconds:.1f} s\n")
+    if args.junit:
+        try:
+            with open(args.junit, "w", encoding="utf-8") as out:
+                out.write(report.to_junit())
+        except OSError as exc:
+            raise UsageError(f"kvguard fuzz: error: --junit: {exc}") from None
+    if args.format == "json":
+        import json
+        sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
+    else:
+        sys.stdout.write(report.render() + "\n")
     return 1 if report.findings else 0
+
+
+class _Progress:
+    """Clause by clause on stderr, once a run has taken more than a few seconds."""
+
+    AFTER = 2.0
+
+    def __call__(self, clause, index, total, seconds) -> None:
+        if seconds >= self.AFTER:
+            sys.stderr.write(f"kvguard fuzz: {seconds:.0f} s, clause {index + 1} of {total}: "
+                             f"{clause}\n")
+            sys.stderr.flush()
+
+
+def _parser():
+    from ..cli import Parser
+    parser = Parser(prog="kvguard fuzz", description=(
+        "Fuzz an allocator class against the allocator contract (driven unguarded, judged by "
+        "kvguard's ledger) and report every bug it finds, one finding per bug, with a shrunk "
+        "call sequence, the harm it does and a regression test that fails on the class as it "
+        f"is. Built-in factories: {', '.join(TARGETS)}."))
+    parser.add_argument("name", metavar="DOTTED.NAME", help="the allocator class, "
+                        "package.module.Class")
+    parser.add_argument("--factory", metavar="EXPR", help="a Python expression that builds a "
+                        "small pool, with the class bound to `cls` (e.g. 'cls(16)'); default: "
+                        "the built-in factory for the engines' allocators")
+    parser.add_argument("--spec", metavar="MODULE.NAME", help="a kvguard.AllocatorSpec to "
+                        "read it with; default: the class's registered (built-in) spec")
+    parser.add_argument("--examples", type=int, default=None, metavar="N",
+                        help="call sequences per clause (default 100)")
+    parser.add_argument("--seed", type=int, default=0, metavar="S",
+                        help="the same seed gives the same report (default 0)")
+    parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                        help="bound on the whole run, shared out among the clauses; what "
+                        "finished is kept (default 30)")
+    parser.add_argument("--clause", action="append", choices=list(CLAUSES), default=None,
+                        metavar="NAME", help="check only this clause (repeatable): "
+                        f"{', '.join(CLAUSES)}")
+    parser.add_argument("--robustness", action="store_true", help="also feed a typed API "
+                        "values outside its declared input (bools, tensors, masks, "
+                        "generators), reported apart from broken promises")
+    parser.add_argument("--format", choices=("text", "json"), default="text",
+                        help="the report as text (default) or JSON")
+    parser.add_argument("--junit", metavar="FILE", help="also write the report as JUnit XML "
+                        "(a test case per clause)")
+    return parser

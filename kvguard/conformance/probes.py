@@ -9,8 +9,6 @@ only by the probes that pass their values, and those are skipped where they are 
 
 from __future__ import annotations
 
-import sys
-
 
 def _some_live(run) -> list:
     """Live blocks for a probe to name: one is allocated first when none is (so every probe the
@@ -40,9 +38,27 @@ def _probe_duplicate(run, picks, variant=0) -> None:
         return
     ids = run.pick(live, picks)
     twice = ids[0]
+    if run.spec.refcounted:
+        _probe_repeat_releases(run, ids, twice, variant)
+        return
     ids = ids + [twice] if variant % 2 == 0 else [twice] + ids
     value, form = run.as_passed(ids)
     run.probe("duplicate-id", ids, value, form)
+
+
+def _probe_repeat_releases(run, ids, twice, variant) -> None:
+    """On a refcounted pool a block named k times is k releases, legal while it holds k
+    references (a block queued for two sequences): half the variants give it a second
+    reference first (``share``), as a prefix hit does. A repeat past the count is a release
+    past zero, that clause's call."""
+    if variant % 2 == 0 and run.spec.share and run.ledger.refcount(twice) < 2:
+        run.share_ids([twice])
+    refs = run.ledger.refcount(twice)
+    if refs < 2:
+        return
+    ids = ids + [twice] * (refs - 1)
+    value, form = run.as_passed(ids)
+    run.probe("duplicate-id", ids, value, form, effect=ids)
 
 
 def _probe_dead(run, clause: str, picks) -> None:
@@ -60,40 +76,97 @@ def _probe_double_free(run, picks, variant=0) -> None:
 
 
 def _probe_past_zero(run, picks, variant=0) -> None:
-    _probe_dead(run, "release-past-zero", picks)
+    """A release of a block at zero references: one already released, or (half the
+    variants) a live block named once more than it has references."""
+    if variant % 2 == 0:
+        _probe_dead(run, "release-past-zero", picks)
+        return
+    live = _some_live(run)
+    if not live:
+        return
+    ids = run.pick(live, picks)
+    ids = ids + [ids[0]] * run.ledger.refcount(ids[0])
+    value, form = run.as_passed(ids)
+    run.probe("release-past-zero", ids, value, form)
 
 
 def _probe_foreign(run, picks, variant=0) -> None:
+    """An in-range block the pool never handed out: one still free, or (a quarter of the
+    variants) a reserved one, the padding slot callers put in their tables."""
     size = run.size
     ledger = run.ledger
-    if variant % 4 == 0:
-        limit = size if size is not None else max(run.live(), default=0) + 1
-        never = [b for b in range(limit) if not ledger.seen(b) and b not in run.driver.reserved]
-        if not never:
-            return
-        b = never[(picks[0] if picks else 0) % len(never)]
-    elif variant % 4 == 1:
-        b = -1
-    else:
-        if size is None:
-            return
-        b = size if variant % 4 == 2 else size + 1000
+    limit = size if size is not None else max(run.live(), default=0) + 1
+    reserved = [b for b in run.driver.reserved if 0 <= b < limit]
+    never = [b for b in range(limit) if not ledger.seen(b) and b not in run.driver.reserved]
+    pool = reserved if variant % 4 == 3 and reserved else never
+    if not pool:
+        return
+    b = pool[(picks[0] if picks else 0) % len(pool)]
     thing = run.block(b)
     if thing is None:
-        return  # objects cannot be made up for this pool (no Driver.block)
-    ids = _companions(run, picks[1:]) + [b]
-    value, form = run.as_passed(ids[:-1])
+        return  # objects the pool never handed out cannot be had (no Driver.block)
+    _probe_with(run, "foreign-id", _companions(run, picks[1:]), b, thing)
+
+
+def _probe_with(run, clause, companions, b, thing) -> None:
+    """Free the live ``companions`` and ``b`` (passed as ``thing``) in the API's own form."""
+    ids = companions + [b]
+    value, form = run.as_passed(companions)
     if form == "tensor":
         import torch
         value = torch.tensor(ids, dtype=torch.int64)
+    elif form == "objects":
+        value = value + [thing]
+    elif run.driver.typed and type(b) is int:
+        import numpy
+        value = numpy.asarray(ids, dtype=numpy.int64)
+        form = "array"
     else:
         value = value + [thing]
-    run.probe("foreign-id", ids, value, form)
+    run.probe(clause, ids, value, form, intent=list(companions))
+
+
+def _probe_invalid(run, picks, variant=0) -> None:
+    """An id that is no block of the pool: -1 (list and numpy indexing wrap it to the last
+    block, so that block is made live first, and a wrapped free shows), one past the pool,
+    far past it; on a list-of-ints API also a float, a string or None naming a live block."""
+    size = run.size
+    if run.spec.id_attr is not None:
+        return
+    kinds = ["negative", "past", "far"]
+    if not run.spec.tensor_ok and not run.driver.typed:
+        kinds += ["float", "str", "none"]
+    kind = kinds[variant % len(kinds)]
+    if kind == "negative" and size is not None and not run.ledger.is_live(size - 1):
+        _make_live(run, [size - 1])
+    if kind in ("past", "far") and size is None:
+        return
+    live = _some_live(run)
+    if not live:
+        return
+    companions = _companions(run, picks[1:])
+    named = live[(picks[0] if picks else 0) % len(live)]
+    b = {"negative": -1, "past": size, "far": (size or 0) + 1000, "float": float(named),
+         "str": str(named), "none": None}[kind]
+    _probe_with(run, "invalid-id", [c for c in companions if c != named or kind in
+                                    ("negative", "past", "far")], b, b)
+
+
+def _make_live(run, wanted) -> None:
+    """Allocate one block at a time until every block of ``wanted`` the pool can hand out is
+    live (or the pool is full): pools hand ids out in their own order, high ids first too."""
+    wanted = [b for b in wanted if b not in run.driver.reserved and run.ledger.in_range(b)]
+    while run.expected_free() > 0 and not all(run.ledger.is_live(b) for b in wanted):
+        before = len(run.steps)
+        run.allocate(1)
+        if len(run.steps) == before or run.steps[-1].rejected:
+            return
 
 
 def _probe_bool(run, picks, variant=0) -> None:
-    if len(run.live()) < 2:  # a bool coerces to id 0 or 1: with blocks live, that frees one
-        run.allocate(2 - len(run.live()))
+    _make_live(run, [0, 1])  # a bool is id 0 or 1 to operator.index: freeing it frees one
+    if not run.live():
+        return
     if variant % 3 == 0:
         run.probe("bool-id", [True], True, "bool")
     elif variant % 3 == 1:
@@ -113,8 +186,8 @@ def _probe_mask(run, picks, variant=0) -> None:
     chosen = run.pick(live, picks)
     length = run.size if run.size is not None else max(live) + 1
     mask = [b in chosen for b in range(length)]
-    if variant % 2 == 0 and "torch" in sys.modules:
-        import torch
+    torch = _optional("torch") if variant % 2 == 0 else None
+    if torch is not None:  # never "whether someone imported torch": the same seed, one verdict
         value, form = torch.tensor(mask, dtype=torch.bool), "mask-tensor"
     else:
         try:
@@ -161,10 +234,18 @@ def _probe_generator(run, picks, variant=0) -> None:
     run.probe("generator", ids, (x for x in value), "generator", effect=ids)
 
 
+def _optional(name):
+    try:
+        return __import__(name)
+    except ImportError:
+        return None
+
+
 PROBES = {
     "duplicate-id": _probe_duplicate,
     "double-free": _probe_double_free,
     "foreign-id": _probe_foreign,
+    "invalid-id": _probe_invalid,
     "bool-id": _probe_bool,
     "bool-mask": _probe_mask,
     "tensor-id": _probe_tensor,

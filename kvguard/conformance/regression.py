@@ -13,7 +13,7 @@ import ast
 import inspect
 import textwrap
 
-from .clauses import CLAUSES, Step
+from .clauses import CLAUSES, Step, requirement
 from .probes import PROBES
 from .run import Run
 
@@ -42,7 +42,7 @@ def factory_source(factory, cls) -> str | None:
         lambdas = [n for n in ast.walk(tree) if isinstance(n, ast.Lambda) and not n.args.args]
         if len(lambdas) != 1:
             return None
-        body = lambdas[0].body
+        body = _literals(lambdas[0].body, factory)
         if isinstance(body, ast.Call):
             # ``ds.BlockedAllocator(16)`` -> ``BlockedAllocator(16)``, the name imported above
             func = ast.unparse(body.func)
@@ -52,23 +52,52 @@ def factory_source(factory, cls) -> str | None:
     return None
 
 
-class Writer:
-    """Writes one run's steps as the body of a test."""
+def _literals(body, factory):
+    """``body`` with each name the lambda closes over (or reads from its module) written as
+    its value, when that is a plain literal: ``lambda: Pool(4, bug)`` in a loop -> ``Pool(4,
+    'double-free')``, so the test stands alone."""
+    values = dict(getattr(factory, "__globals__", {}))
+    code, cells = factory.__code__, factory.__closure__ or ()
+    values.update(zip(code.co_freevars, (c.cell_contents for c in cells)))
 
-    def __init__(self, run: Run, make: str | None) -> None:
+    class Inline(ast.NodeTransformer):
+        def visit_Name(self, node):
+            value = values.get(node.id, _NOTHING)
+            if value is not _NOTHING and _plain_literal(value):
+                return ast.copy_location(ast.Constant(value), node)
+            return node
+    return Inline().visit(body)
+
+
+_NOTHING = object()
+
+
+def _plain_literal(value) -> bool:
+    if isinstance(value, (tuple, list)):
+        return all(_plain_literal(v) for v in value)
+    return value is None or type(value) in (bool, int, float, str)
+
+
+class Writer:
+    """Writes one run's steps as the body of a test that needs nothing of kvguard: the
+    allocator's module, pytest, and torch or numpy where the calls pass their values."""
+
+    def __init__(self, run: Run, make: str | None, rejects_with: str = "") -> None:
         self.run = run
         self.spec = run.spec
         self.source = dict(run.driver.source)
         self.make = make
+        self.rejects_with = rejects_with or "Exception"
+        """The exception class the contract names for a rejected call, when it names one."""
         self.imports: set = set(self.source.get("imports", ()))
-        self.helpers: set = set()
         self.lines: list = []
         self.tensors = 0
+        self.returns = False
 
     # --- how to write a value ---
 
     def item(self, x) -> str:
-        if isinstance(x, (bool, int)):
+        if x is None or isinstance(x, (bool, int, float, str)):
             return repr(x)
         if type(x).__module__ == "torch":
             self.imports.add("import torch")
@@ -89,9 +118,9 @@ class Writer:
         if form == "mask-tensor":
             self.imports.add("import torch")
             return f"torch.tensor({v.tolist()!r})"
-        if form == "mask-array":
+        if form in ("mask-array", "array"):
             self.imports.add("import numpy")
-            return f"numpy.array({v.tolist()!r})"
+            return f"numpy.{'array' if form == 'mask-array' else 'asarray'}({v.tolist()!r})"
         if form == "tensor-elements":
             self.imports.add("import torch")
             return f"list(torch.tensor({[int(x) for x in v]!r}))"
@@ -117,128 +146,181 @@ class Writer:
         if "free_count" in self.source:
             return self.source["free_count"].format(a="a")
         how = self.spec.free_count
-        if callable(how):
-            from ..registry import spec_for
-            if spec_for(type(self.run.allocator)) is not self.spec:
-                return None  # a callable of the caller's own: set Driver.source['free_count']
-            self.imports.update(("from kvguard.registry import spec_for",
-                                 "from kvguard.spec import read"))
-            return "read(a, spec_for(type(a)).free_count)"
         if not isinstance(how, str):
-            return None
+            return None  # a callable: say how to read it in Driver.source['free_count']
         return f"a.{how}()" if callable(getattr(self.run.allocator, how, None)) else f"a.{how}"
+
+    def ids_of(self, got: str) -> str:
+        """The ids in an allocation's result as plain ints (list, tensor, array, objects)."""
+        if self.spec.id_attr is not None:
+            return f"[b.{self.spec.id_attr} for b in {got}]"
+        return f"[int(b) for b in {got}]"
+
+    def error_class(self, step: Step) -> str:
+        """What a rejected call is expected to raise: the class the contract names; for a
+        call the allocator did reject, the built-in class it raised."""
+        error = step.error
+        if error is not None and type(error).__module__ == "builtins" \
+                and not isinstance(error, AssertionError):
+            return type(error).__name__
+        return self.rejects_with
 
     # --- steps ---
 
     def emit(self, line: str = "") -> None:
         self.lines.append(line)
 
-    def step(self, step: Step, last: bool) -> None:
-        if step.op == "allocate":
+    def step(self, step: Step, last: bool, final_probe: bool) -> None:
+        if step.op == "count":
+            self.count_assert(step, "the free count says {got} where {want} block(s) are "
+                              "free")
+        elif step.op == "refcount":
+            read = self.source.get("refcount")
+            if read is not None:
+                b = step.ids[0]
+                if step.expect_free is None:
+                    self.emit(f"assert {read.format(a='a', id=b)} >= 0, 'block {b} released "
+                              f"past zero: its reference count is {step.outcome}'")
+                else:
+                    self.emit(f"assert {read.format(a='a', id=b)} == {step.expect_free}, "
+                              f"'block {b} holds {step.expect_free} reference(s), the pool "
+                              f"counts {step.outcome}'")
+        elif step.op == "allocate":
             self.allocate(step, last)
         elif step.op in PROBES:
-            self.probe(step, last)
+            self.probe(step, final_probe)
         else:
             call = self.call(step.op, self.value(step))
             self.emit(call)
             if last:
-                self.count_assert(step)
+                self.count_assert(step, "the free count must match the blocks handed out "
+                                  "and freed")
 
     def allocate(self, step: Step, last: bool) -> None:
         call = self.call("allocate", n=step.n)
         broken = step.broken.check if last and step.broken else None
-        if self.spec.id_attr is not None:
-            self.helpers.add("by_id")
-            self.emit(f"got = {call}  # {step.outcome}")
-            self.emit(f"held.update(by_id(got, {self.spec.id_attr!r}))")
-            got = "list(by_id(got, %r))" % self.spec.id_attr
-        else:
-            got = None
+        if broken == "valid-trace" and step.error is not None:
+            self.emit(f"{call}  # raises {_short(step.error)}")
+            return
         if broken in ("valid-trace", "no-live-handout"):
-            self.helpers.add("ids_of")
-            self.emit(f"got = ids_of({call if got is None else 'got'})  # {step.outcome}")
+            self.emit(f"got = {self.ids_of(call)}  # {step.outcome}")
             if broken == "valid-trace":
                 self.emit(f"assert len(got) == {step.n}, got")
                 return
             live = sorted(step.expect_live)
             size = self.run.size
-            self.emit(f"assert len(set(got)) == len(got) == {step.n}, got")
-            if size is not None:
-                self.emit(f"assert all(0 <= b < {size} for b in got), got")
+            self.emit("assert len(set(got)) == len(got), f'a block handed to two owners in "
+                      "one call: {got}'")
             if live:
-                self.emit(f"assert not set(got) & {set(live)!r}, "
-                          "'allocate() handed out a live block'")
-        elif got is None:
+                self.emit(f"assert not set(got) & {set(live)!r}, f'a block handed out while "
+                          "its owner holds it (two owners): {got}'")
+            reserved = list(self.run.driver.reserved)
+            if size is not None:
+                self.emit(f"assert all(0 <= b < {size} for b in got), f'not a block of the "
+                          "pool: {got}'")
+            if reserved:
+                self.emit(f"assert not set(got) & {set(reserved)!r}, f'a reserved block "
+                          "handed out: {got}'")
+            return
+        if self.spec.id_attr is not None:
+            self.emit(f"got = {call}  # {step.outcome}")
+            self.emit(f"held.update((b.{self.spec.id_attr}, b) for b in got)")
+        else:
             self.emit(f"{call}  # {step.outcome}")
-        if last and broken == "free-count" or (last and broken and broken in PROBES):
-            self.count_assert(step)
+        if last and broken == "free-count":
+            self.count_assert(step, "the free count must match the blocks handed out and "
+                              "freed")
 
-    def count_assert(self, step: Step) -> None:
+    def count_assert(self, step: Step, message: str) -> None:
         count = self.free_count()
         if count is not None and step.expect_free is not None:
-            self.emit(f"assert {count} == {step.expect_free}, 'the free count must match the "
-                      "blocks handed out and freed'")
+            text = message.format(got=step.free_after, want=step.expect_free)
+            self.emit(f"assert {count} == {step.expect_free}, {text!r}")
 
-    def probe(self, step: Step, last: bool) -> None:
+    def probe(self, step: Step, final: bool) -> None:
+        """The bad call: its argument built first. Where the break is this call, a rejection
+        of the contract's class ends the test (nothing freed); otherwise the harm follows."""
         value = self.value(step)
+        name = "bad"
         if step.mutate_to is not None:
             self.tensors += 1
             name = f"t{self.tensors}" if self.tensors > 1 else "t"
-            self.emit(f"{name} = {value}")
-            value = name
-        call = self.call("free", value)
+        self.emit(f"{name} = {value}")
+        call = self.call("free", name)
         count = self.free_count()
-        final = last and step.broken is not None and step.broken.clause == step.op
-        if final and count is not None:
-            self.emit(f"before = {count}")
-        if step.must_reject or (step.rejected and not final):
+        if step.rejected:
             self.imports.add("import pytest")
-            self.emit("with pytest.raises(Exception):  # the contract: rejected...")
+            self.emit(f"with pytest.raises({self.error_class(step)}):  # {step.outcome}")
             self.emit(f"    {call}")
-            if final and count is not None:
-                self.emit(f"assert {count} == before, '...and nothing freed'")
         elif final:
             self.emit("try:")
-            self.emit(f"    {call}")
-            self.emit("except Exception:")
-            if count is not None:
-                self.emit(f"    assert {count} == before, 'rejected: must free nothing'")
-            else:
-                self.emit("    pass  # rejected: fine")
-            self.emit("else:")
-            if count is not None and step.expect_free is not None:
-                self.emit(f"    assert {count} == {step.expect_free}, 'accepted: must free "
-                          f"exactly {step.effect}'")
-            else:
-                self.emit("    pass")
+            self.emit(f"    {call}  # {step.outcome}")
+            self.emit(f"except {self.rejects_with}:")
+            if count is not None and step.free_before is not None:
+                self.emit(f"    assert {count} == {step.free_before}, 'rejected: nothing may "
+                          "be freed'")
+            self.emit("    return  # the contract: rejected")
+            self.returns = True
         else:
             self.emit(f"{call}  # {step.outcome}")
         if step.mutate_to is not None:
-            self.emit(f"{value}.fill_({step.mutate_to})  # the caller reuses its tensor")
+            self.emit(f"{name}.fill_({step.mutate_to})  # the caller reuses its tensor")
+
+    def after_probe(self, step: Step, harmed: bool) -> None:
+        """A final bad call with no harm steps after it ends on its own assertion."""
+        if harmed:
+            return
+        if step.rejected or step.effect is not None:
+            what = ("rejected: nothing may be freed" if step.rejected
+                    else f"accepted: it must free exactly {step.effect}")
+            self.count_assert(step, what)
+        else:
+            self.emit(f"raise AssertionError({'accepted it: ' + step.outcome!r})")
 
     def test(self, name: str, doc: str) -> str:
         steps = self.run.steps
+        probe_at = _final_probe(steps)
+        harmed = any(s.harm for s in steps)
         for i, s in enumerate(steps):
-            self.step(s, i == len(steps) - 1)
+            self.step(s, i == len(steps) - 1, i == probe_at)
+            if i == probe_at:
+                self.after_probe(s, harmed)
+                if harmed:
+                    self.emit("# what that call corrupted, shown:")
         cls = type(self.run.allocator)
-        head = []
         make = self.make or f"make_allocator()  # TODO: build a fresh {cls.__name__} here"
         body = [f"a = {make}"]
         for line in self.source.get("setup", ()):
             body.append(line.format(a="a"))
         if self.spec.id_attr is not None:
-            body.append("held = {}  # block id -> the object allocate() returned")
+            body.append("held = {}  # block id -> the object the allocation returned")
         body += self.lines
         imports = sorted(self.imports)
-        if self.helpers:
-            imports.append(f"from kvguard.testing import {', '.join(sorted(self.helpers))}")
         if cls.__module__ not in ("__main__", "builtins"):
             imports.append(f"from {cls.__module__} import {cls.__qualname__.split('.')[0]}")
-        head += imports
-        text = "\n".join(head) + "\n\n\n" if head else ""
+        text = "\n".join(imports) + "\n\n\n" if imports else ""
         text += f"def {name}():\n"
         text += textwrap.indent(f'"""{doc}"""\n' + "\n".join(body), "    ") + "\n"
         return text
+
+
+def _final_probe(steps) -> int:
+    """Index of the bad call the break is charged to, when the break is at it or after it."""
+    for i in range(len(steps) - 1, -1, -1):
+        s = steps[i]
+        if s.op in PROBES and not s.harm:
+            broken = next((t.broken for t in steps[i:] if t.broken), None)
+            if broken is not None and broken.clause == s.op and (
+                    i == len(steps) - 1 or all(t.harm or t.op == "count"
+                                               for t in steps[i + 1:])):
+                return i
+            return -1
+    return -1
+
+
+def _short(error: BaseException) -> str:
+    text = repr(error)
+    return text if len(text) <= 70 else text[:67] + "..."
 
 
 def _path(item, path):
@@ -247,13 +329,18 @@ def _path(item, path):
     return item
 
 
-def regression_test(run: Run, *, make: str | None = None, origin: str = "") -> str:
-    """The test for the clause the last step of ``run`` broke."""
-    broken = run.steps[-1].broken
+def regression_test(run: Run, *, make: str | None = None, origin: str = "",
+                    rejects_with: str = "", harm: str = "") -> str:
+    """The test for the clause ``run`` broke (its last step, or the step before the harm
+    shown after it)."""
+    broken = next(s.broken for s in reversed(run.steps) if s.broken and not s.harm) \
+        if any(s.broken and not s.harm for s in run.steps) else run.steps[-1].broken
     clause = CLAUSES[broken.clause]
     cls = type(run.allocator).__name__
     name = f"test_{cls.lower()}_{broken.clause.replace('-', '_')}"
     paragraphs = [f"kvguard conformance, {clause.name}: {clause.summary}.",
-                  f"The contract: {clause.requires}. {origin}".strip()]
+                  f"The contract: {requirement(clause.name, run.spec)}. {origin}".strip()]
+    if harm:
+        paragraphs.append(f"The harm: {harm}.")
     doc = "\n\n".join(textwrap.fill(p, 88) for p in paragraphs)
-    return Writer(run, make).test(name, doc + "\n")
+    return Writer(run, make, rejects_with).test(name, doc + "\n")

@@ -16,7 +16,8 @@ starts) are allocated first.
 from __future__ import annotations
 
 from .clauses import CLAUSES
-from .run import Run, shrink
+from .run import Run
+from .shrink import shrink
 
 
 _REPLAYABLE = {"duplicate-id": 2, "double-free": 1, "foreign-id": 1}
@@ -75,11 +76,15 @@ def emit(replay, factory, spec, driver=None, make=None):
     clause = found.clause
     kept = shrink(ops, lambda c: (broken(c)[1] or _NONE).clause == clause)
     run, found = broken(kept)
+    from .findings import contract_error
+    from .harm import drive_on, of_break
     from .regression import regression_test
+    shown = of_break(run, found) if not CLAUSES[found.check].probe else drive_on(run)
     origin = (f"Replayed from {replay.file} ({replay.guard.get('name', '?')}, pid "
               f"{replay.pid}): {len(kept)} of {len(ops)} recorded call(s).")
-    return regression_test(run, make=make, origin=origin), CLAUSES[clause].name, len(kept), \
-        len(ops)
+    return regression_test(run, make=make, origin=origin, harm=shown.text if shown else "",
+                           rejects_with=contract_error(factory, spec, driver)), \
+        CLAUSES[clause].name, len(kept), len(ops)
 
 
 class _NONE:

@@ -1,4 +1,4 @@
-"""A judge that runs one call sequence against the allocator contract, and the shrinker.
+"""A judge that runs one call sequence against the allocator contract.
 
 ``Run`` drives an *unguarded* allocator with a sequence of operations and judges every answer
 with kvguard's own ``Ledger`` (what a correct allocator must have live and free), so what it
@@ -15,7 +15,7 @@ from __future__ import annotations
 from ..ids import result_ids
 from ..ledger import Ledger
 from ..spec import AllocatorSpec, read
-from .clauses import CLAUSES, Broken, Driver, Step
+from .clauses import CLAUSES, Broken, Driver, Step, requirement
 from .probes import PROBES
 
 
@@ -61,7 +61,10 @@ class Run:
         self.alias: dict = {}
         """Replayed calls: a recorded id -> the id this allocator handed out in its place."""
         self.clock = 0
-        self.initial_free = self._read_free()
+        self.made = 0
+        """Probes made and allocations that succeeded: a search that made none ran nothing."""
+        self.allocated = 0
+        self.initial_free = self.read_free()
         if self.initial_free is None and self.size is None:
             raise TypeError("the fuzzer needs the pool's size or its free count: give the spec "
                             "size= or free_count=")
@@ -70,7 +73,7 @@ class Run:
 
     # --- what the allocator says about itself ---
 
-    def _read_free(self):
+    def read_free(self):
         how = self.driver.free_count
         try:
             value = how(self.allocator) if how else read(self.allocator, self.spec.free_count)
@@ -107,7 +110,7 @@ class Run:
 
     def _check(self, clause: str, did: str, required: str | None = None) -> None:
         if clause in self.checks:
-            raise Broken(clause, did, required)
+            raise Broken(clause, did, required or requirement(clause, self.spec))
 
     def pick(self, pool: list, picks) -> list:
         out = []
@@ -135,7 +138,7 @@ class Run:
 
     def _count_free(self, step: Step, clause: str, before) -> None:
         """After a step that must leave the ledger's free blocks free in the allocator too."""
-        after = step.free_after = self._read_free()
+        after = step.free_after = self.read_free()
         if after is None or self.initial_free is None:
             return
         want = step.expect_free = self.initial_free - len(self.ledger.live_ids())
@@ -207,22 +210,28 @@ class Run:
                 return "release-past-zero" if self.spec.refcounted else "double-free"
         return None
 
-    def allocate(self, n: int) -> None:
+    def allocate(self, n: int, *, force: bool = False) -> None:
+        """Allocate ``n`` blocks (no more than the ledger says are free, unless ``force``: the
+        allocator's own count claims more, and the harm shown is what it hands out then)."""
         free = self.expected_free()
-        n = min(n, free)
+        n = n if force else min(n, free)
         if n <= 0:
             return
         self.clock += 1
         step = self._record(Step("allocate", [], n=n, expect_live=self.live()))
-        before = self._read_free()
+        before = self.read_free()
         step.free_before = before
         try:
             result = self._alloc_call(n)
         except Exception as exc:
             step.outcome = f"raised {exc!r}"
             step.rejected = True
-            self._check("valid-trace", f"allocate({n}) raised {exc!r} with {free} blocks free")
+            step.error = exc
+            if not force:
+                self._check("valid-trace", f"allocate({n}) raised {exc!r} with {free} blocks "
+                            "free")
             return
+        self.allocated += 1
         step.outcome = _outcome(result)
         if result is None:
             self._check("valid-trace", f"allocate({n}) returned None with {free} blocks free")
@@ -271,15 +280,21 @@ class Run:
         value, form = self.as_passed(ids)
         self._valid_release("share", ids, value, form)
 
+    def share_ids(self, ids: list) -> None:
+        """Add a reference to these live blocks (a probe's preparation)."""
+        value, form = self.as_passed(ids)
+        self._valid_release("share", ids, value, form)
+
     def _valid_release(self, op, ids, value, form) -> None:
         self.clock += 1
         step = self._record(Step(op, ids, value, form))
-        before = step.free_before = self._read_free()
+        before = step.free_before = self.read_free()
         try:
             result = (self._free_call if op == "free" else self._share_call)(value)
         except Exception as exc:
             step.outcome = f"raised {exc!r}"
             step.rejected = True
+            step.error = exc
             self._check("valid-trace", f"{op}({ids}) of live blocks raised {exc!r}")
             return
         step.outcome = _outcome(result)
@@ -289,29 +304,73 @@ class Run:
             self.ledger.share(ids, self.clock, 0)
         self._count_free(step, "free-count", before)
 
+    def refcounts(self, ids) -> dict:
+        """Block -> its reference count as the pool keeps it (``Driver.refcount``), for the
+        in-range plain ids among ``ids``; empty without a reader."""
+        read = self.driver.refcount
+        if read is None:
+            return {}
+        out = {}
+        for b in ids:
+            if type(b) is int and self.ledger.in_range(b) and b not in self.driver.reserved:
+                try:
+                    out[b] = int(read(self.allocator, b))
+                except Exception:
+                    continue
+        return out
+
+    def intended(self, ids: list) -> list:
+        """The releases a caller meant by a bad call that was accepted anyway: each live block
+        it names, once on a plain pool, as often as named but never past zero on a refcounted
+        one. The ledger follows that, so what comes after shows what the call corrupted."""
+        out = []
+        for b in ids:
+            if type(b) is not int or not self.ledger.is_live(b):
+                continue
+            if self.spec.refcounted:
+                if out.count(b) < self.ledger.refcount(b):
+                    out.append(b)
+            elif b not in out:
+                out.append(b)
+        return out
+
     def probe(self, clause: str, ids: list, value, form: str, *, effect=None,
-              mutate_to=None) -> None:
+              mutate_to=None, intent=None) -> None:
         """Make one bad call. ``effect``: the ids it frees if the allocator accepts it and
-        handles it correctly (None: it must be rejected)."""
+        handles it correctly (None: it must be rejected). ``intent``: what the caller meant
+        to free, had a must-reject call been accepted (default: ``intended(ids)``)."""
         if self.dry:
             return
         self.clock += 1
+        self.made += 1
         step = self._record(Step(clause, list(ids), value, form, effect=effect,
                                  must_reject=effect is None, mutate_to=mutate_to))
-        before = step.free_before = self._read_free()
+        before = step.free_before = self.read_free()
+        counts = self.refcounts(ids)
         try:
             result = self._free_call(value)
         except Exception as exc:
             step.outcome = f"raised {exc!r}"
             step.rejected = True
+            step.error = exc
         else:
             step.outcome = _outcome(result)
+        if step.rejected:
+            after = self.refcounts(counts)
+            moved = [(b, n, after[b]) for b, n in counts.items() if b in after and after[b] != n]
+            if moved:
+                b, n, m = moved[0]
+                self._check(clause, f"rejected it ({step.outcome}), but not atomically: block "
+                            f"{b}'s reference count {n} -> {m}")
         if mutate_to is not None:
             value.fill_(mutate_to)  # the caller reuses its buffer, as callers do
-        if not step.rejected and effect is None:
-            self._check(clause, f"accepted it ({step.outcome})")
         if not step.rejected:
-            self.ledger.release(effect, self.clock, 0)
+            if effect is None:
+                self.ledger.release(self.intended(ids) if intent is None else intent,
+                                    self.clock, 0)
+                self._check(clause, f"accepted it ({step.outcome})")
+            else:
+                self.ledger.release(effect, self.clock, 0)
         self._count_free(step, clause, before)
 
     def run(self, ops) -> Broken | None:
@@ -323,65 +382,3 @@ class Run:
             self.steps[-1].broken = broken
             return broken
         return None
-
-
-def judge(factory, spec: AllocatorSpec, ops, clause: str, driver: Driver | None = None):
-    """Run ``ops`` on a fresh allocator, reporting only ``clause``; for a probe clause the
-    break counts only if the same sequence without the probes keeps every clause (so a bug of
-    a valid sequence is never blamed on a probe that happens to sit in front of it)."""
-    run = Run(factory(), spec, driver, checks=[clause] if not CLAUSES[clause].probe else None)
-    run.ops = list(ops)
-    broken = run.run(ops)
-    if broken is None:
-        return None
-    if CLAUSES[clause].probe:
-        if broken.clause != clause and not any(s.op == clause for s in run.steps):
-            return None
-        if Run(factory(), spec, driver, dry=True).run(ops) is not None:
-            return None
-        if broken.clause != clause:
-            probe = [s for s in run.steps if s.op == clause][-1]
-            how = "rejected" if probe.rejected else "accepted"
-            broken = Broken(clause, f"{how} the {clause} call ({probe.outcome}), but it did harm: "
-                            f"afterwards {broken.check}: {broken.did}",
-                            CLAUSES[clause].requires, broken.clause)
-            run.steps[-1].broken = broken
-    return run
-
-
-def _simpler(op: tuple) -> list:
-    if op[0] == "exact":
-        return []  # a recorded call is kept as it was
-    if op[0] == "allocate":
-        return [("allocate", n) for n in range(1, op[1])]
-    out = []
-    if op[1] != (0,):
-        out.append((op[0], (0,)) + op[2:])
-    if len(op[1]) > 1:
-        out.append((op[0], op[1][:1]) + op[2:])
-    return out
-
-
-def shrink(ops, fails, *, rounds: int = 8) -> list:
-    """The shortest, simplest ``ops`` that still ``fails``: drop one operation at a time, then
-    simplify each (fewer blocks, the first live block), until nothing changes. hypothesis
-    shrinks first; this pass also serves sequences it never saw (a staging log's)."""
-    ops = list(ops)
-    for _ in range(rounds):
-        before = list(ops)
-        i = 0
-        while i < len(ops):
-            candidate = ops[:i] + ops[i + 1:]
-            if fails(candidate):
-                ops = candidate
-            else:
-                i += 1
-        for i in range(len(ops)):
-            for simpler in _simpler(ops[i]):
-                candidate = ops[:i] + [simpler] + ops[i + 1:]
-                if fails(candidate):
-                    ops = candidate
-                    break
-        if ops == before:
-            break
-    return ops

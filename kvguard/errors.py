@@ -10,8 +10,10 @@ class KVGuardError(Exception):
 
     kind: str = ""
 
-    def __init__(self, violation) -> None:
+    def __init__(self, violation, others=()) -> None:
         self.violation = violation
+        self.others = tuple(others)
+        """The other violations of the same call: recorded beside this one, not raised."""
         self.kind = violation.kind
         self.block_ids = violation.block_ids
         super().__init__(violation.headline())
@@ -98,5 +100,5 @@ assert set(ERROR_FOR_KIND) == set(kinds.ALL)
 assert all(issubclass(ERROR_FOR_KIND[k], ValueError) == (k in kinds.BAD_INPUT) for k in kinds.ALL)
 
 
-def error_for(violation) -> KVGuardError:
-    return ERROR_FOR_KIND[violation.kind](violation)
+def error_for(violation, others=()) -> KVGuardError:
+    return ERROR_FOR_KIND[violation.kind](violation, others)

@@ -106,17 +106,25 @@ def judge(report, call, records, problems, leaks, leak_mode) -> None:
     if not (unexpected or problems or failing):
         return
     report.kvguard["failed"] = True
-    shown = set()
+    shown, alongside = set(), set()
     if call.excinfo is not None:
-        shown = {id(e.violation) for e in kvguard_errors(call.excinfo.value)}
+        for error in kvguard_errors(call.excinfo.value):
+            shown.add(id(error.violation))
+            alongside.update(id(v) for v in getattr(error, "others", ()))
+    alongside -= shown
     violations = [r.violation for r in unexpected] + failing
     first = f"kvguard: {_headline(violations[0])}" if violations else problems[0]
     more = len(violations) + len(problems) - 1
     first += f" (and {more} more)" if more > 0 else ""
     parts = []
     if unexpected:
-        modes = sorted({r.mode for r in unexpected if id(r.violation) not in shown})
-        why = "; ".join(_REASONS.get(m, m) for m in modes)
+        modes = sorted({r.mode for r in unexpected
+                        if id(r.violation) not in shown and id(r.violation) not in alongside})
+        reasons = [_REASONS.get(m, m) for m in modes]
+        together = sum(1 for r in unexpected if id(r.violation) in alongside)
+        if together:
+            reasons.append(f"{together} raised with the one above, by the same call")
+        why = "; ".join(reasons)
         n = len(unexpected)
         parts.append(
             f"{n} violation{'s' if n > 1 else ''} in the {call.when} phase of this test"

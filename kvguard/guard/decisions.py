@@ -65,7 +65,7 @@ def settle(guard, violations, *, aside_ok: bool = True, assertion: bool = False)
             v.extra["stepped_aside"] = True
         record(guard, v, log=guard.mode != "raise")
     if assertion or (guard.mode == "raise" and not aside):
-        raise error_for(violations[0])
+        raise error_for(violations[0], violations[1:])
     return ASIDE if aside else REPAIR if guard.mode == "repair" else LOGGED
 
 

@@ -137,3 +137,17 @@ def test_from_dict_refuses_what_is_not_a_violation():
         Violation.from_dict({"kind": "segfault"})
     with pytest.raises(ValueError, match="kind None"):
         Violation.from_dict({"event": "stats"})
+
+
+def test_a_call_with_several_faults_raises_the_first_and_carries_the_others():
+    import kvguard
+    from kvguard.examples import LinkedFreeList
+    pool = LinkedFreeList(8)
+    g = kvguard.guard(pool)
+    pool.allocate(3)
+    with pytest.raises(kvguard.BoolIdError) as info:
+        pool.free([0, 0, 7, True])
+    assert [v.kind for v in g.violations] == ["bool-id", "duplicate-id", "foreign-id"]
+    assert info.value.violation is g.violations[0]
+    assert list(info.value.others) == g.violations[1:]
+    assert pool.free_blocks == 5, "nothing was freed"

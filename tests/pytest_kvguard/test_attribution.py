@@ -425,3 +425,46 @@ def test_wide_fixture_teardown_is_outside_any_test(suite):
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["during teardown of module-scoped fixture 'engine':",
                                  "*ERROR: kvguard: double-free of block 0*"])
+
+
+def test_an_uncaught_call_with_several_faults_is_not_said_to_be_caught(suite):
+    """One call, three faults (a bool, a repeated id, an id never handed out): the first is
+    raised and fails the test, the other two are recorded beside it. Nothing caught anything,
+    so the failure must not say the code under test caught it; their reports are shown."""
+    write(suite, """
+        from kvguard.examples import LinkedFreeList
+
+        def test_uncaught():
+            pool = LinkedFreeList(8)
+            pool.allocate(3)
+            pool.free([0, 0, 7, True])
+    """)
+    result = suite.runpytest("-p", "kvguard", "-rf")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "kvguard.errors.BoolIdError" in out
+    assert "which caught it" not in out
+    result.stdout.fnmatch_lines([
+        "*3 violations in the call phase of this test (2 raised with the one above, by the same "
+        "call)*",
+        "==*==ERROR: kvguard: duplicate-id of block 0*",
+        "==*==ERROR: kvguard: foreign-id of block 7*",
+    ])
+
+
+def test_a_swallowed_call_with_several_faults_is_said_to_be_caught(suite):
+    write(suite, """
+        from kvguard.examples import LinkedFreeList
+
+        def test_swallowed():
+            pool = LinkedFreeList(8)
+            pool.allocate(3)
+            try:
+                pool.free([0, 0, 7])
+            except ValueError:
+                pass
+    """)
+    result = suite.runpytest("-p", "kvguard")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["2 violations in the call phase of this test (raised into the "
+                                 "code under test, which caught it)*"])

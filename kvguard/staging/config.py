@@ -19,8 +19,10 @@ VARIABLES = {
     "KVGUARD_MODE": "log (default: record, never raise), repair (forward a sanitized call) or "
                     "raise",
     "KVGUARD_LOG": "where each process appends its JSON lines: a path template with {pid} "
-                   "(and {host}), a directory (kvguard-{pid}.jsonl inside), or one file shared "
-                   "by all processes; unset: the kvguard logger only",
+                   "(and {host}), a directory (a path ending in /, an existing directory, or "
+                   "a name with no suffix: kvguard-{pid}.jsonl inside), or one file shared by "
+                   "all processes (a name with a suffix: all.jsonl); unset: the kvguard logger "
+                   "only",
     "KVGUARD_STACKS": "off, cheap or full: call sites kept per allocation and free (default "
                       "cheap; full when KVGUARD_SAMPLE is set)",
     "KVGUARD_SAMPLE": "N: keep the call site of one call in N (chosen at random); every call "

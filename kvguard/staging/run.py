@@ -10,6 +10,7 @@ import sys
 import time
 
 from .config import MODES, STACKS, VARIABLES, config_from_env
+from .sink import names_directory
 
 
 def run_command(argv) -> int:
@@ -46,7 +47,7 @@ def run_command(argv) -> int:
     env["KVGUARD"] = "1"
     env["KVGUARD_RUN"] = run = f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}"
     log = args.log or env.get("KVGUARD_LOG") or "kvguard-logs"
-    if "{pid}" not in log and not log.endswith(".jsonl"):
+    if names_directory(log):
         log = os.path.join(log, "kvguard-{pid}.jsonl")
     env["KVGUARD_LOG"] = os.path.abspath(log)
     for name, value in (("KVGUARD_MODE", args.mode), ("KVGUARD_STACKS", args.stacks),

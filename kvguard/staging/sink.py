@@ -21,11 +21,21 @@ import weakref
 from .records import FORMAT_VERSION
 
 
-def log_path(template: str, pid: int | None = None) -> str:
-    """Where one process writes: ``{pid}``/``{host}`` filled in; a directory gets
-    ``kvguard-{pid}.jsonl`` inside it."""
-    pid = os.getpid() if pid is None else pid
+def names_directory(template: str) -> bool:
+    """Whether ``KVGUARD_LOG`` (or ``kvguard run --log``) names a directory: it ends with a
+    separator, is an existing directory, or its last part has no suffix and no ``{pid}`` or
+    ``{host}`` (``logs`` is a directory, ``logs.jsonl`` and ``logs/{pid}`` are files)."""
     if template.endswith(("/", os.sep)) or os.path.isdir(template):
+        return True
+    last = os.path.basename(template)
+    return "{pid}" not in last and "{host}" not in last and not os.path.splitext(last)[1]
+
+
+def log_path(template: str, pid: int | None = None) -> str:
+    """Where one process writes: ``{pid}``/``{host}`` filled in; a directory (see
+    ``names_directory``) gets ``kvguard-{pid}.jsonl`` inside it."""
+    pid = os.getpid() if pid is None else pid
+    if names_directory(template):
         template = os.path.join(template, "kvguard-{pid}.jsonl")
     return template.replace("{pid}", str(pid)).replace("{host}", socket.gethostname())
 

@@ -7,6 +7,8 @@ import json
 import logging
 import os
 import random
+import subprocess
+import sys
 
 import pytest
 
@@ -265,6 +267,33 @@ def test_log_path_forms(tmp_path):
     assert staging.log_path("/x/{pid}-{pid}.jsonl", pid=7) == "/x/7-7.jsonl"
     assert staging.log_path("/x/all.jsonl") == "/x/all.jsonl"
     assert "{host}" not in staging.log_path("/x/{host}.jsonl")
+
+
+def test_a_log_setting_names_a_directory_the_same_way_for_the_environment_and_kvguard_run(
+        tmp_path, monkeypatch):
+    """``KVGUARD_LOG=logs`` and ``kvguard run --log logs`` both make a directory of files;
+    ``logs.jsonl`` is one file for both (``logs`` was one file here and a directory there)."""
+    pid = os.getpid()
+    assert staging.log_path("/x/logs") == f"/x/logs/kvguard-{pid}.jsonl"
+    assert staging.log_path("/x/all.log") == "/x/all.log"
+    assert staging.log_path("/x/{pid}", pid=7) == "/x/7"
+    monkeypatch.chdir(tmp_path)
+    seen = {}
+    for given in ("logs", "all.jsonl", "all.log", "runs/{pid}.jsonl", "made/"):
+        script = tmp_path / "show.py"
+        script.write_text("import os, sys\nprint(os.environ['KVGUARD_LOG'])\n")
+        out = subprocess.run([sys.executable, "-m", "kvguard", "run", "--log", given, "--",
+                              sys.executable, str(script)], capture_output=True, text=True,
+                             timeout=120, env={**os.environ, "KVGUARD": "0"})
+        assert out.returncode == 0, out.stderr
+        seen[given] = out.stdout.strip()
+    assert seen["logs"] == str(tmp_path / "logs" / "kvguard-{pid}.jsonl")
+    assert seen["all.jsonl"] == str(tmp_path / "all.jsonl")
+    assert seen["all.log"] == str(tmp_path / "all.log")
+    assert seen["runs/{pid}.jsonl"] == str(tmp_path / "runs" / "{pid}.jsonl")
+    assert seen["made/"] == str(tmp_path / "made" / "kvguard-{pid}.jsonl")
+    for given, used in seen.items():  # what one process of the run writes to, either way
+        assert str(tmp_path / staging.log_path(given, pid=1)) == used.replace("{pid}", "1")
 
 
 def test_stats_lines_say_when_ids_were_learned(tmp_path):

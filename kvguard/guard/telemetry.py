@@ -139,7 +139,8 @@ class Journal:
         n = self.logged[key]
         if n == 1 or n % self.every == 0:
             again = f" (occurrence {n})" if n > 1 else ""
-            emit(logging.WARNING, "%s%s", violation.render(), again)
+            emit(logging.WARNING, "%s%s", violation.render(), again,
+                 extra={"kvguard_violation": violation})
 
 
 def record(guard, violation, *, log: bool) -> None:

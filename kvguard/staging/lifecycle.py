@@ -10,7 +10,7 @@ import os
 import sys
 
 from .config import StagingConfig, config_from_env
-from .sink import JsonLinesSink
+from .sink import JsonLinesSink, OneLineReports
 
 logger = logging.getLogger("kvguard")
 
@@ -24,6 +24,7 @@ class Staging:
         self.metrics = None
         self._unsubscribe = None
         self._untrack = None
+        self._one_line = None
 
     def start(self) -> None:
         from .. import registry
@@ -40,6 +41,8 @@ class Staging:
                                       max_bytes=self.config.log_max_bytes,
                                       config=self.config.to_dict(), run=self.config.run)
             self._unsubscribe = subscribe(self.sink)
+            self._one_line = OneLineReports(self.sink)
+            logger.addFilter(self._one_line)
             self._untrack = on_attach(self.sink.track)
             for guard in guards():
                 self.sink.track(guard)
@@ -65,6 +68,8 @@ class Staging:
             self._unsubscribe()
         if self._untrack is not None:
             self._untrack()
+        if self._one_line is not None:
+            logger.removeFilter(self._one_line)
         registry.uninstrument()
 
     def after_fork_in_child(self) -> None:

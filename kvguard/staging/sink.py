@@ -254,3 +254,25 @@ def _minus(now: dict, before: dict | None) -> dict:
     out["violations"] = {k: v - old.get(k, 0) for k, v in now["violations"].items()
                          if v - old.get(k, 0)}
     return out
+
+
+class OneLineReports(logging.Filter):
+    """On the ``kvguard`` logger while a sink is writing: a logged violation becomes one line,
+    its headline and SUMMARY with the file that holds its full report. The report is in the
+    JSON lines already; the full text on stderr as well made 812 lines in 5 s on a real
+    engine. Records of anything else pass unchanged."""
+
+    def __init__(self, sink: JsonLinesSink) -> None:
+        super().__init__()
+        self.sink = sink
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        violation = getattr(record, "kvguard_violation", None)
+        if violation is not None:
+            try:
+                where = self.sink.path or log_path(self.sink.template)
+                record.msg = "kvguard: %s; %s (full report in %s)"
+                record.args = (violation.headline(), violation.summary(), where)
+            except Exception:  # keep the full report rather than lose the line
+                pass
+        return True

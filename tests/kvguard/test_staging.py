@@ -134,6 +134,34 @@ def test_start_guards_registered_allocators_in_log_mode(tmp_path, caplog):
         "duplicate-id": 1}
 
 
+def test_with_a_log_file_a_logged_violation_is_one_line_on_the_logger(tmp_path, caplog):
+    """The full report goes to the JSON lines; the ``kvguard`` logger (stderr, by Python's last
+    resort) gets one line naming the kind, the call site and the file. Without a log file it
+    gets the whole report, as before; after ``stop()`` too."""
+    path = tmp_path / "kvg.jsonl"
+    env = {"KVGUARD": "1", "KVGUARD_LOG": str(path), "KVGUARD_REGISTER": EXAMPLE}
+    assert staging.start(env)
+    a = LinkedFreeList(8)
+    ids = a.allocate(3)
+    with caplog.at_level(logging.WARNING, logger="kvguard"):
+        a.free([ids[0], ids[0]])
+    (message,) = [r.getMessage() for r in caplog.records if r.name == "kvguard"]
+    assert "\n" not in message and message.startswith("kvguard: duplicate-id of block 0 on ")
+    assert "SUMMARY: kvguard: duplicate-id " in message and message.endswith(
+        f"(full report in {path})")
+    (violation,) = [r for r in lines(path) if r["event"] == "violation"]
+    assert violation["violation"]["call_stack"], "the full report is in the file"
+    staging.stop()
+    caplog.clear()
+    b = LinkedFreeList(8)
+    kvguard.guard(b, LINKED_FREE_LIST_SPEC, on_violation="log")
+    ids = b.allocate(2)
+    with caplog.at_level(logging.WARNING, logger="kvguard"):
+        b.free([ids[1], ids[1]])
+    (message,) = [r.getMessage() for r in caplog.records if r.name == "kvguard"]
+    assert message.startswith("==") and "was called here" in message
+
+
 def test_a_guard_collected_before_exit_writes_its_stats_line_once(tmp_path):
     """A short-lived allocator's guard writes its stats line when it is collected (a weakref
     finalizer), not at exit when it is gone; ``stop()`` writes the living guards' lines and

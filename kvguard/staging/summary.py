@@ -168,6 +168,30 @@ def _site(violation: dict) -> str:
     return where or "<no stack recorded>"
 
 
+UNLOGGED_SITE = "(occurrences between logged lines, at the call sites above)"
+"""Where ``top_sites`` puts what a guard's exact count adds to its lines' occurrences when
+the kind was logged at several call sites of that guard (which of them is not known)."""
+
+
+def _site_counts(occurrences: dict, counts: Counter) -> dict:
+    """``(process, guard, kind, site) -> count``, adding up per kind to ``counts`` (what
+    ``by_kind`` shows): the lines' occurrence numbers are lower bounds, and a guard's exact
+    figure (its stats line) goes to the call site when the kind was logged at one site of
+    that guard, else the rest to ``UNLOGGED_SITE``."""
+    out = dict(occurrences)
+    logged: dict = defaultdict(list)
+    for proc, name, kind, site in occurrences:
+        logged[(proc, name, kind)].append(site)
+    for key, total in counts.items():
+        seen = logged.get(key, [])
+        rest = total - sum(occurrences[(*key, site)] for site in seen)
+        if rest <= 0:
+            continue
+        where = seen[0] if len(seen) == 1 else UNLOGGED_SITE
+        out[(*key, where)] = out.get((*key, where), 0) + rest
+    return out
+
+
 def summarize(records: Records, top: int = 10) -> dict:
     """The merged summary (``--format json`` prints exactly this)."""
     occurrences: dict = defaultdict(int)   # (proc, guard, kind, site) -> highest occurrence
@@ -235,7 +259,7 @@ def summarize(records: Records, top: int = 10) -> dict:
             if (p, n) == key:
                 a["violations"][kind] += c
     sites: dict = {}
-    for (proc, name, kind, site), n in occurrences.items():
+    for (proc, name, kind, site), n in _site_counts(occurrences, counts).items():
         entry = sites.setdefault((kind, site), {"kind": kind, "site": site, "count": 0,
                                                 "processes": set()})
         entry["count"] += n

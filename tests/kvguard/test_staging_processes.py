@@ -82,7 +82,8 @@ def test_four_processes_write_their_lines_and_report_merges_them(tmp_path, stage
     out = run(staged_python, ["serve.py", method], env, tmp_path)
     assert out.returncode == 0, out.stderr
     assert "exit codes [0, 0, 0, 0]" in out.stdout
-    assert "ERROR: kvguard: duplicate-id" in out.stderr, "log mode reports on stderr too"
+    assert "kvguard: duplicate-id of block " in out.stderr, "log mode says so on stderr too"
+    assert "ERROR: kvguard" not in out.stderr, "in one line: the full report is in the log"
     files = sorted(os.listdir(logs))
     assert len(files) == 5, files  # the parent and 4 workers, one file each
 

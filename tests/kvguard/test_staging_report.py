@@ -32,6 +32,39 @@ def write(path, records):
     return str(path)
 
 
+def test_top_call_sites_count_the_population_by_kind_counts(tmp_path):
+    """by_kind and top_sites add up to the same figures: the stats line's exact count goes to
+    the one site a kind was logged at, and, for a kind logged at two sites of one guard, what
+    the lines do not attribute is one entry of its own (it was counted at 4 where by_kind said
+    201: only the logged lines)."""
+    other = violation(site=("serve.py", 20, "abort"))
+    path = write(tmp_path / "a.jsonl", [
+        record("start"),
+        *[record("violation", occurrence=n, guard=GUARD, violation=violation()) for n in (1, 100)],
+        record("violation", occurrence=1, guard=GUARD, violation=other),
+        record("violation", occurrence=1, guard=GUARD,
+               violation=violation(kind="duplicate-id")),
+        record("stats", guard=GUARD, stats={"alloc_calls": 10, "free_calls": 300,
+                                            "share_calls": 0, "learned": 0,
+                                            "internal_errors": 0,
+                                            "violations": {"double-free": 201,
+                                                           "duplicate-id": 57}}),
+    ])
+    summary = summarize(load([path]))
+    per_kind = {}
+    for entry in summary["top_sites"]:
+        per_kind[entry["kind"]] = per_kind.get(entry["kind"], 0) + entry["count"]
+    assert per_kind == {k: e["count"] for k, e in summary["by_kind"].items()} == {
+        "double-free": 201, "duplicate-id": 57}
+    sites = {(e["kind"], e["site"]): e["count"] for e in summary["top_sites"]}
+    assert sites[("duplicate-id", "serve.py:10 in finish")] == 57
+    assert sites[("double-free", "serve.py:10 in finish")] == 100
+    assert sites[("double-free", "serve.py:20 in abort")] == 1
+    assert sites[("double-free", "(occurrences between logged lines, at the call sites above)")] \
+        == 100
+    assert "between logged lines" in render(summary)
+
+
 def test_counts_are_exact_with_stats_lines_and_lower_bounds_without(tmp_path):
     with_stats = write(tmp_path / "a.jsonl", [
         record("start"),
@@ -45,7 +78,7 @@ def test_counts_are_exact_with_stats_lines_and_lower_bounds_without(tmp_path):
     summary = summarize(load([with_stats]))
     assert summary["violations"] == 250 and summary["exact"]
     assert summary["by_allocator"]["eng.Pool"]["calls"] == 15
-    assert summary["top_sites"][0]["count"] == 200, "per site: what the lines show"
+    assert summary["top_sites"][0]["count"] == 250, "the site counts what by_kind counts"
 
     killed = write(tmp_path / "b.jsonl", [
         record("start", pid=12),
@@ -152,7 +185,9 @@ def test_run_sets_up_staging_for_one_command(tmp_path, staged_python):
               "kvguard.examples.LinkedFreeList(size=_num_blocks)", "--sample", "10", "--",
               staged_python, "serve.py", "3", cwd=tmp_path, env=env)
     assert out.returncode == 3, out.stderr  # the command's own exit status
-    assert "ERROR: kvguard: duplicate-id" in out.stderr
+    assert "kvguard: duplicate-id of block 0 on LinkedFreeList#" in out.stderr
+    assert "(full report in " in out.stderr and "ERROR: kvguard" not in out.stderr, \
+        "one line on stderr, the report in the log"
     assert out.stderr.strip().splitlines()[-1] == (
         "kvguard: 1 violation(s) in 1 guarded process(es); see: kvguard report "
         f"{tmp_path / 'logs'}")

@@ -267,7 +267,8 @@ class Manager:
                 except KVGuardLeakWarning:  # -W error::...KVGuardLeakWarning
                     leak_mode = "fail"
         if records or problems or leaks:
-            results.judge(report, call, records, problems, leaks, leak_mode if leaks else None)
+            results.judge(report, call, records, problems, leaks, leak_mode if leaks else None,
+                          style=self.settings.style)
         if report.failed:
             state.failed = True
         if when == "teardown":

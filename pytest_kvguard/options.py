@@ -17,6 +17,9 @@ LEAKS = ("off", "summary", "warn", "fail")
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
+STYLES = ("short", "full")
+"""``--kvguard-report`` values that are a style, not a path (``./short`` is a file)."""
+
 _BOOL_KEYWORDS = ("tensor_ok", "refcounted", "iterator_ok")
 _POSITION_KEYWORDS = ("free_arg", "pool_arg")
 _OPTIONAL_KEYWORDS = ("alloc", "pool_arg", "share", "id_attr", "refcount_attr", "size",
@@ -30,6 +33,8 @@ class Settings:
     leaks: str = "summary"
     report: str | None = None
     """Absolute path of the JSON report, or None."""
+    style: str = "full"
+    """How a failing test shows its violations: ``full`` reports, or ``short`` (SUMMARY lines)."""
     allocators: list = field(default_factory=list)
     """``(dotted class name, AllocatorSpec)`` from ini ``kvguard_allocators``."""
 
@@ -44,8 +49,19 @@ class Settings:
                                             f"{', '.join(choices)}")
             return value
 
-        report = config.getoption("kvguard_report") or (config.getini("kvguard_report") or "")
-        report = report.strip() or None
+        given = config.getoption("kvguard_report")
+        if given is None:
+            given = (config.getini("kvguard_report") or "").split()
+        style, report = "full", None
+        for value in (v.strip() for v in given):
+            if value in STYLES:
+                style = value
+            elif value and report is not None:
+                raise pytest.UsageError(f"--kvguard-report {value}: one JSON report per run "
+                                        f"(already {report}); the styles are "
+                                        f"{', '.join(STYLES)}")
+            elif value:
+                report = value
         if report is not None:
             report = os.path.join(str(config.invocation_params.dir), os.path.expanduser(report))
             folder = os.path.dirname(report) or "."
@@ -57,6 +73,7 @@ class Settings:
             stacks=pick("kvguard_stacks", "kvguard_stacks", STACKS),
             leaks=pick("kvguard_leaks", "kvguard_leaks", LEAKS),
             report=report,
+            style=style,
             allocators=[parse_allocator_line(line) for line in config.getini("kvguard_allocators")
                         if line.strip() and not line.strip().startswith("#")],
         )

@@ -36,14 +36,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "end of the run if their allocator outlived the test, with the "
                          "session's own; the default), warn (a warning per test), fail (the "
                          "test's teardown fails), or off")
-    group.addoption("--kvguard-report", default=None, metavar="PATH",
-                    help="write every violation (with its test) and the counters per "
-                         "allocator class to PATH as JSON")
+    group.addoption("--kvguard-report", action="append", default=None,
+                    metavar="short|full|PATH",
+                    help="short: a failing test shows each violation's SUMMARY line, not its "
+                         "whole report; full: the whole report (default); PATH: also write "
+                         "every violation (with its test) and the counters per allocator "
+                         "class to PATH as JSON. Give it twice for a style and a PATH")
     parser.addini("kvguard", "switch kvguard on (like -p kvguard)", type="bool", default=False)
     parser.addini("kvguard_mode", "default of --kvguard-mode", default="raise")
     parser.addini("kvguard_stacks", "default of --kvguard-stacks", default="cheap")
     parser.addini("kvguard_leaks", "default of --kvguard-leaks", default="summary")
-    parser.addini("kvguard_report", "default of --kvguard-report", default="")
+    parser.addini("kvguard_report", "default of --kvguard-report (short, full and a PATH, "
+                  "space separated)", default="")
     parser.addini("kvguard_allocators", "allocator classes to guard, one per line: "
                   "'package.module:Class' then AllocatorSpec keywords as key=value",
                   type="linelist", default=[])

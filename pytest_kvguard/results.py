@@ -91,7 +91,7 @@ def _headline(violation) -> str:
         return f"{getattr(violation, 'kind', '?')} on {getattr(violation, 'allocator_name', '?')}"
 
 
-def judge(report, call, records, problems, leaks, leak_mode) -> None:
+def judge(report, call, records, problems, leaks, leak_mode, *, style: str = "full") -> None:
     """Put this phase's findings on its report; fail it if something unexpected happened.
 
     A report that passed becomes failed with kvguard's reports as its text; one that failed or
@@ -136,6 +136,15 @@ def judge(report, call, records, problems, leaks, leak_mode) -> None:
         blocks = sum(len(v.block_ids) for v in failing)
         parts.append(f"This test leaked {blocks} block(s), and leaks fail tests in this run.")
     lines = [summary_line(as_dict(v)) for v in violations] + problems
+    if style == "short":
+        text = "\n".join([first, *parts, ""] + [_short(v) for v in violations]
+                         + ["(--kvguard-report=full shows the whole reports)"])
+        if report.passed or shown:  # the traceback would print the raised report in full
+            report.outcome = "failed"
+            report.longrepr = KVGuardRepr(text, first)
+        else:
+            report.sections.append(("kvguard", text))
+        return
     if report.passed:
         report.outcome = "failed"
         text = "\n".join([first, *parts]) + "".join("\n\n" + render(v) for v in violations)
@@ -145,6 +154,15 @@ def judge(report, call, records, problems, leaks, leak_mode) -> None:
         unseen = [v for v in violations if id(v) not in shown]
         body = "\n".join(parts) + "".join("\n\n" + render(v) for v in unseen)
         report.sections.append(("kvguard", body if unseen else "\n".join(lines)))
+
+
+def _short(violation) -> str:
+    """A violation in two lines, as ``--kvguard-report=short`` shows it: its headline and its
+    SUMMARY line (the kind and the call site a script greps)."""
+    try:
+        return f"{violation.headline()}\n  {violation.summary()}"
+    except Exception:
+        return _headline(violation)
 
 
 def add_properties(item, report, records, leaks) -> None:

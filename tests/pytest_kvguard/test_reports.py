@@ -188,3 +188,54 @@ def test_a_report_that_cannot_be_written_is_one_line_not_a_crash(suite):
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["kvguard: could not write the JSON report to *taken: *"])
     assert "INTERNALERROR" not in result.stdout.str()
+
+
+SHORT_SUITE = """
+    from kvguard.examples import LinkedFreeList
+
+    def test_raised():
+        pool = LinkedFreeList(8)
+        ids = pool.allocate(2)
+        pool.free([ids[0], ids[0]])
+
+    def test_swallowed():
+        pool = LinkedFreeList(8)
+        ids = pool.allocate(2)
+        try:
+            pool.free([ids[1], ids[1]])
+        except ValueError:
+            pass
+"""
+
+
+def test_short_style_shows_summary_lines_not_whole_reports(suite):
+    """``--kvguard-report=short``, pytest's ``--tb=short`` for kvguard: each failing test shows
+    its violations' headline and SUMMARY line, whether the violation escaped the test or the
+    code under test caught it; the JSON report can be asked for beside it."""
+    write(suite, SHORT_SUITE)
+    result = suite.runpytest("-p", "kvguard", "--kvguard-report=short",
+                             "--kvguard-report=out.json")
+    result.assert_outcomes(failed=2)
+    out = result.stdout.str()
+    assert "ERROR: kvguard" not in out and "was called here" not in out, out
+    assert out.count("SUMMARY: kvguard: duplicate-id ") == 2
+    result.stdout.fnmatch_lines([
+        "*kvguard: duplicate-id of block 0 on LinkedFreeList#*",
+        "*SUMMARY: kvguard: duplicate-id *test_suite.py:6 in test_raised",
+        "*(--kvguard-report=full shows the whole reports)",
+    ])
+    result.stdout.fnmatch_lines(["*SUMMARY: kvguard: duplicate-id *test_suite.py:12 in "
+                                 "test_swallowed"])
+    assert len(json.loads((suite.path / "out.json").read_text())["violations"]) == 2
+
+    full = suite.runpytest("-p", "kvguard")
+    full.assert_outcomes(failed=2)
+    assert full.stdout.str().count("ERROR: kvguard: duplicate-id") >= 2, "full is the default"
+
+
+def test_two_json_reports_are_a_usage_error(suite):
+    write(suite, SHORT_SUITE)
+    result = suite.runpytest("-p", "kvguard", "--kvguard-report=a.json",
+                             "--kvguard-report=b.json")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--kvguard-report b.json: one JSON report per run*"])

@@ -42,7 +42,10 @@ VARIABLES = {
                        "on wherever the process has prometheus_client)",
     "KVGUARD_METRICS_INTERVAL": "seconds between updates of the metrics files in "
                                 "prometheus_client's multi-process mode (PROMETHEUS_MULTIPROC_DIR; "
-                                "default 5)",
+                                "default 5) and, in a Ray worker, of Ray's metrics and of the "
+                                "checkpoints of its counts",
+    "KVGUARD_RAY_HOOK": "set by kvguard run: a RAY_RUNTIME_ENV_HOOK the environment had "
+                        "before, run before kvguard's own",
 }
 """Every environment variable staging reads, with its meaning (``kvguard run --help`` too)."""
 

@@ -61,6 +61,12 @@ def run_command(argv) -> int:
         config_from_env(env)
     except ValueError as exc:
         raise UsageError(f"kvguard run: error: {exc}") from None
+    # A Ray cluster the command did not start runs its workers from its own raylets: Ray's
+    # runtime-env hook gives every ray.init() of the command this run's settings for them.
+    hook = "kvguard.ray.runtime_env_hook"
+    if env.get("RAY_RUNTIME_ENV_HOOK", hook) != hook:
+        env["KVGUARD_RAY_HOOK"] = env["RAY_RUNTIME_ENV_HOOK"]
+    env["RAY_RUNTIME_ENV_HOOK"] = hook
     started = time.time()
     # Ctrl-C reaches the whole foreground process group: the command gets it from the terminal
     # (a second copy from here would look like a double Ctrl-C). A supervisor's SIGTERM or
@@ -107,6 +113,30 @@ def run_command(argv) -> int:
     return code if code >= 0 else 128 - code
 
 
+def _not_of_run(records, run: str, where: str, since: float):
+    """When processes this run did not start (workers of a Ray cluster started outside it,
+    with KVGUARD in its own environment) wrote into its log directory while it ran: a line
+    that says so; else None."""
+    from .summary import Records, summarize
+    if records is None:
+        return None
+    recent = [r for r in (*records.starts, *records.violations, *records.stats)
+              if r.get("time", 0) >= since - 1]
+    foreign = {r["process"] for r in recent if r["event"] != "start" or r.get("run") != run}
+    foreign -= {r["process"] for r in records.starts if r.get("run") == run}
+    if not foreign:
+        return None
+    theirs = Records(violations=[r for r in records.violations if r["process"] in foreign],
+                     stats=[r for r in records.stats if r["process"] in foreign],
+                     starts=[r for r in records.starts if r["process"] in foreign])
+    n = summarize(theirs)["violations"]
+    found = f"{n} violation(s)" if n else "no violations"
+    return (f"kvguard: none of the processes this run started reported, but {len(foreign)} "
+            f"process(es) it did not start wrote {found} under {where} meanwhile (workers of a "
+            "cluster started outside this run with kvguard settings of its own, such as a Ray "
+            f"cluster started with KVGUARD=1?); see: kvguard report {where}")
+
+
 def _exit_text(code: int) -> str:
     if code < 0:
         import signal
@@ -130,8 +160,22 @@ def _run_summary(template: str, since: float, run: str, code: int = 0) -> None:
     else:
         where = template
         files = [template] if os.path.isfile(template) else []
-    records = of_run(load(files), run) if files else None
+    everything = load(files) if files else None
+    records = of_run(everything, run) if files else None
     if records is None or not records.starts:
+        others = _not_of_run(everything, run, where, since)
+        if others is not None:
+            print(others, file=sys.stderr)
+            return
+        ray_address = os.environ.get("RAY_ADDRESS", "").strip()
+        if ray_address and not code:
+            print(f"kvguard: no process of this run wrote under {where}, and RAY_ADDRESS names "
+                  f"a Ray cluster kvguard run did not start ({ray_address}): the workers the "
+                  "command used there got this run's settings through ray.init()'s "
+                  "runtime_env, but those on other hosts write under the same path on their "
+                  "own disks, and a worker whose Python lacks kvguard is not guarded: run "
+                  "kvguard report on each host's directory", file=sys.stderr)
+            return
         if code:
             # The command failed before any guarded allocator wrote a line: its own error
             # (above, on its stderr) is the news, not kvguard's silence.

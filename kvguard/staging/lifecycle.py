@@ -22,9 +22,12 @@ class Staging:
         self.config = config
         self.sink = None
         self.metrics = None
+        self.ray = None
+        """The Ray worker part (``rayworker.RayWorker``), in a Ray worker."""
         self._unsubscribe = None
         self._untrack = None
         self._one_line = None
+        self._unwatch = None
 
     def start(self) -> None:
         from .. import registry
@@ -46,19 +49,32 @@ class Staging:
             self._untrack = on_attach(self.sink.track)
             for guard in guards():
                 self.sink.track(guard)
+        self._unwatch = on_attach(self._first_guard)
         registry.instrument(**self.config.guard_options())
         if self.config.metrics:
             from . import metrics
             self.metrics = metrics.install(self.config.metrics_interval)
         atexit.register(self.close)
 
-    def close(self) -> None:
-        """Write the final stats lines and metrics (at exit, or at ``stop()``)."""
+    def _first_guard(self, guard) -> None:
+        """At the first guard of a process that has imported Ray: its Ray worker part. Costs
+        one dictionary lookup per guard attached where Ray is not imported."""
+        if self._unwatch is not None and "ray" in sys.modules:
+            self._unwatch()
+            self._unwatch = None
+            from .rayworker import engage
+            self.ray = engage(self)
+
+    def close(self, wait: bool = True) -> None:
+        """Write the final stats lines and metrics (at exit, at ``stop()``, or when Ray ends
+        a worker: then without ``wait``, see ``JsonLinesSink.close``)."""
         if self.sink is not None:
             from ..guard import guards
-            self.sink.close(guards())
+            self.sink.close(guards(), wait=wait)
         if self.metrics is not None:
             self.metrics.close()
+        if self.ray is not None:
+            self.ray.close()
 
     def stop(self) -> None:
         from .. import registry
@@ -70,6 +86,9 @@ class Staging:
             self._untrack()
         if self._one_line is not None:
             logger.removeFilter(self._one_line)
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
         registry.uninstrument()
 
     def after_fork_in_child(self) -> None:

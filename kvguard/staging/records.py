@@ -155,14 +155,18 @@ STATS = {"alloc_calls": _count, "free_calls": _count, "share_calls": _count,
          "blocks_allocated": _count, "blocks_freed": _count, "blocks_shared": _count,
          "learned": _count, "internal_errors": _count,
          "violations": lambda v: type(v) is dict and all(_count(n) for n in v.values())}
+RAY = {"node_id": _str, "job_id": _str, "worker_id": _str, "actor_id": _str, "actor_class": _str,
+       "actor_name": _str, "task": _str}
+"""A Ray worker's (or driver's) context, on every record it writes (optional, format 1)."""
 COMMON = {"kvguard": _count, "event": lambda v: v in EVENTS, "time": _time, "pid": _int,
-          "host": _str}
+          "host": _str, "ray": _table(RAY)}
 RECORDS = {
     "start": {**COMMON, "ppid": _int, "argv": _strings, "python": _str, "version": _str,
               "config": _dict, "run": _str},
     "violation": {**COMMON, "occurrence": _positive, "guard": _table(GUARD),
                   "violation": _table(VIOLATION, required=("kind",))},
-    "stats": {**COMMON, "guard": _table(GUARD), "stats": _table(STATS), "dropped": _count},
+    "stats": {**COMMON, "guard": _table(GUARD), "stats": _table(STATS), "dropped": _count,
+              "final": _bool},
 }
 """Every field the readers use, per record type. Fields not listed are carried unread."""
 REQUIRED = {"start": ("kvguard", "event"), "stats": ("kvguard", "event"),

@@ -8,6 +8,7 @@ import json
 import sys
 import time
 
+from . import raysummary
 from .logfiles import DESCRIPTION, collect_files, parse_since
 from .records import FORMAT_VERSION
 from .summary import MAX_PROBLEMS_LISTED, load, since, summarize
@@ -45,6 +46,7 @@ def render(summary: dict) -> str:
             found = ", ".join(f"{k} {c:,}" for k, c in e["by_kind"].items())
             lines.append(f"  {host or '?':<{width}}  {e['violations']:>7,}  in "
                          f"{e['processes']} process(es)  {found or 'no violations'}")
+    lines += raysummary.render(summary)
     if summary["by_allocator"]:
         lines += ["", "by allocator:"]
         for cls, a in summary["by_allocator"].items():
@@ -85,6 +87,9 @@ def render(summary: dict) -> str:
     if not summary["exact"] and n:
         notes.append("some processes left no stats line (killed, or still running): their "
                      "counts are the lower bound their logged occurrences give")
+    unfinished = raysummary.unfinished_note(summary)
+    if unfinished:
+        notes.append(unfinished)
     if summary["dropped_lines"]:
         notes.append(f"{summary['dropped_lines']:,} violation line(s) not written: the file "
                      "reached KVGUARD_LOG_MAX_MB")
@@ -104,7 +109,9 @@ def render(summary: dict) -> str:
     for kind, first in summary["first"].items():
         v = Violation.from_dict(first["violation"])
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v.time)) if v.time else "?"
-        lines += ["", f"first {kind} (pid {first['pid']}, {when}, {first['file']}):", v.render()]
+        ray = raysummary.first_label(first.get("ray"))
+        lines += ["", f"first {kind} (pid {first['pid']}{ray}, {when}, {first['file']}):",
+                  v.render()]
         g = first["guard"]
         if g.get("learning") or g.get("learned"):
             lines.append(f"note: {g.get('name', 'this guard')} attached to an allocator with "

@@ -74,6 +74,9 @@ class JsonLinesSink:
         self.every = max(1, every)
         self.max_bytes = max_bytes
         self.config = config or {}
+        self.keep_idle_guards = False
+        """Write a stats line for a guard that checked nothing too (a Ray worker's file says
+        by its final line that the worker ended, not killed)."""
         self._tracked = weakref.WeakKeyDictionary()
         self._reset()
 
@@ -89,6 +92,7 @@ class JsonLinesSink:
         self.closed = False
         self._seen: dict = {}
         self._baseline = weakref.WeakKeyDictionary()
+        self._checkpointed = weakref.WeakKeyDictionary()
 
     # -- subscribe() callback --
 
@@ -107,6 +111,7 @@ class JsonLinesSink:
                 record = {"kvguard": FORMAT_VERSION, "event": "violation", "time": time.time(),
                           "pid": os.getpid(), "host": socket.gethostname(), "occurrence": n,
                           "guard": guard_info(guard), "violation": violation.to_dict()}
+                _add_ray_context(record)
                 self._write(record)
                 self._write_collected()
         except Exception as exc:  # never into the guarded call
@@ -163,11 +168,15 @@ class JsonLinesSink:
             if tracked is not None:
                 tracked[0].baseline = self._baseline[guard]
 
-    def close(self, guards=()) -> None:
+    def close(self, guards=(), wait: bool = True) -> None:
         """Write one ``stats`` line per guard (what it checked, learned and found since this
-        process started or forked), then close the file. Once per process."""
+        process started or forked), then close the file. Once per process. Without ``wait``
+        (a signal handler, which may have interrupted this very sink) nothing is written if
+        another call holds the sink."""
         try:
-            with self._lock:
+            if not self._lock.acquire(blocking=wait):
+                return
+            try:
                 if self.closed or self._pid != os.getpid():
                     return
                 self._write_collected()
@@ -179,20 +188,42 @@ class JsonLinesSink:
                 if self._fd is not None:
                     os.close(self._fd)
                     self._fd = None
+            finally:
+                self._lock.release()
         except Exception as exc:
             self._fail(exc)
 
-    def _write_stats(self, guard, baseline) -> None:
+    def checkpoint(self, guards) -> None:
+        """A ``stats`` line marked ``"final": false`` for each guard whose counters moved since
+        its last one: what a process that is killed outright (a Ray worker at the end of its
+        job) leaves instead of its final line."""
+        try:
+            with self._lock:
+                if self.closed or self._pid != os.getpid() or self.failed:
+                    return
+                for guard in guards:
+                    stats = guard.stats.to_dict()
+                    if self._checkpointed.get(guard) != stats:
+                        self._checkpointed[guard] = stats
+                        self._write_stats(guard, self._baseline.get(guard), final=False)
+        except Exception as exc:
+            self._fail(exc)
+
+    def _write_stats(self, guard, baseline, final: bool = True) -> None:
         """One guard's ``stats`` line (``guard``: a Guard, or the _Remains of a collected one);
-        none for a guard that did nothing."""
+        none for a guard that did nothing (unless ``keep_idle_guards``). Not ``final``: a
+        checkpoint, marked so."""
         stats = _minus(guard.stats.to_dict(), baseline)
         if not any(v for k, v in stats.items() if k != "violations") and \
-                not stats["violations"]:
+                not stats["violations"] and not self.keep_idle_guards:
             return
-        self._write({"kvguard": FORMAT_VERSION, "event": "stats", "time": time.time(),
-                     "pid": os.getpid(), "host": socket.gethostname(),
-                     "guard": guard_info(guard), "stats": stats, "dropped": self.dropped},
-                    force=True)
+        record = {"kvguard": FORMAT_VERSION, "event": "stats", "time": time.time(),
+                  "pid": os.getpid(), "host": socket.gethostname(),
+                  "guard": guard_info(guard), "stats": stats, "dropped": self.dropped}
+        if not final:
+            record["final"] = False
+        _add_ray_context(record, live=False)  # ask Ray nothing while it may be ending us
+        self._write(record, force=True)
 
     def _write(self, record: dict, force: bool = False) -> None:
         if self.failed:
@@ -202,6 +233,16 @@ class JsonLinesSink:
         data = (json.dumps(record, default=repr) + "\n").encode()
         os.write(self._fd, data)
         self.written += len(data)
+
+    def open_now(self) -> None:
+        """Write the ``start`` line now rather than at the first line to write: a process that
+        may be killed outright (a Ray worker) is then known to have run."""
+        try:
+            with self._lock:
+                if self._fd is None and not self.failed and not self.closed:
+                    self._open()
+        except Exception as exc:
+            self._fail(exc)
 
     def _open(self) -> None:
         self.path = log_path(self.template)
@@ -216,6 +257,7 @@ class JsonLinesSink:
                  "version": __version__, "config": self.config}
         if self.run is not None:
             start["run"] = self.run
+        _add_ray_context(start)
         data = (json.dumps(start, default=repr) + "\n").encode()
         os.write(self._fd, data)
         self.written += len(data)
@@ -226,6 +268,17 @@ class JsonLinesSink:
             from ..logger import emit
             emit(logging.ERROR, "kvguard: cannot write violation reports to %s (staging goes "
                  "on without its JSON lines): %r", self.path or self.template, exc)
+
+
+def _add_ray_context(record: dict, live: bool = True) -> None:
+    """The Ray worker (node, job, actor, and with ``live`` the running task) a record comes
+    from, in a process that has imported Ray; nothing is imported, nor read, in one that has
+    not."""
+    if "ray" in sys.modules:
+        from .rayworker import context
+        found = context(live)
+        if found:
+            record["ray"] = found
 
 
 class _Remains:

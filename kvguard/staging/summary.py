@@ -19,6 +19,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from .. import kinds
+from . import raysummary
 from .logfiles import collect_files, open_log, rotation_set
 from .records import FORMAT_VERSION, is_bare_violation, is_kvguard, newer, parse, problem
 
@@ -210,10 +211,13 @@ def summarize(records: Records, top: int = 10) -> dict:
         if v["kind"] not in first or v.get("time", 0) < first[v["kind"]]["violation"].get(
                 "time", 0):
             first[v["kind"]] = rec
+    final: set = set()                     # (proc, guard) with a final stats line
     for rec in records.stats:
         key = (rec["process"], (rec.get("guard") or {}).get("name", ""))
         guard_info[key] = {**guard_info.get(key, {}), **(rec.get("guard") or {})}
-        stats[key] = rec.get("stats") or {}
+        stats[key] = rec.get("stats") or {}  # the last one: checkpoints, then the final line
+        if rec.get("final") is not False:
+            final.add(key)
         dropped += rec.get("dropped", 0) if isinstance(rec.get("dropped"), int) else 0
 
     # per (process, guard, kind): exact from stats where present, else the lines' lower bound
@@ -227,7 +231,7 @@ def summarize(records: Records, top: int = 10) -> dict:
         kinds_here = set(known) | {k for (p, n, k) in bound if (p, n) == key}
         for kind in kinds_here:
             counts[(*key, kind)] = max(known.get(kind, 0), bound[(*key, kind)])
-            if key not in stats:
+            if key not in final:
                 exact = False
 
     by_kind: dict = {}
@@ -272,10 +276,22 @@ def summarize(records: Records, top: int = 10) -> dict:
     for proc in {p for (p, _n) in guard_info}:
         processes.setdefault(proc, {"argv": []})
 
+    ray_of = raysummary.contexts(records)
+    ended = raysummary.endings(records)
+    calls: Counter = Counter()
+    for (proc, _name), s in stats.items():
+        calls[proc] += sum(s.get(k, 0) for k in ("alloc_calls", "free_calls", "share_calls"))
+    found_in: dict = defaultdict(Counter)
+    for (proc, _name, kind), c in counts.items():
+        found_in[proc][kind] += c
+
     def proc_dict(proc):
         host, pid, _started, path = proc
-        return {"host": host, "pid": pid, "file": path, "argv": processes[proc]["argv"],
-                "violations": sum(c for (p, _n, _k), c in counts.items() if p == proc)}
+        out = {"host": host, "pid": pid, "file": path, "argv": processes[proc]["argv"],
+               "violations": sum(found_in[proc].values()), "final": ended.get(proc)}
+        if proc in ray_of:
+            out["ray"] = ray_of[proc]
+        return out
 
     by_host: dict = {}
     for proc in processes:
@@ -306,8 +322,11 @@ def summarize(records: Records, top: int = 10) -> dict:
                          for c, a in sorted(by_allocator.items())},
         "by_host": {h: {**e, "by_kind": dict(e["by_kind"].most_common())}
                     for h, e in sorted(by_host.items())},
+        "by_ray_actor": raysummary.by_actor(ray_of, ended, calls, found_in),
+        "by_ray_node": raysummary.by_node(ray_of, found_in),
         "top_sites": [{**e, "processes": len(e["processes"])} for e in top_sites],
         "first": {k: {"pid": rec.get("pid"), "host": rec.get("host", ""), "file": rec["file"],
-                      "guard": rec.get("guard") or {}, "violation": rec["violation"]}
+                      "guard": rec.get("guard") or {}, "violation": rec["violation"],
+                      "ray": {**ray_of.get(rec["process"], {}), **(rec.get("ray") or {})}}
                   for k, rec in first.items()},
     }

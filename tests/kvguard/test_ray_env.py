@@ -39,7 +39,7 @@ def test_staging_is_turned_on_unless_the_driver_says_otherwise():
     ("out/run-{pid}.jsonl", "/srv/app/out/run-{host}-{pid}.jsonl"),
     ("out/{pid}/k.jsonl", "/srv/app/out/{host}-{pid}/k.jsonl"),
     ("out/{host}/k-{pid}.jsonl", "/srv/app/out/{host}/k-{pid}.jsonl"),
-    ("../shared.jsonl", "/srv/shared.jsonl"),
+    ("../all.jsonl", "/srv/all.jsonl"),
 ])
 def test_the_log_template_is_absolute_and_per_host(template, expected):
     assert kvray.worker_log_template(template, cwd="/srv/app") == expected

@@ -17,7 +17,7 @@ on stderr: staging never stops a service from starting.
 The face's modules: ``config`` (the environment variables), ``sink`` (the JSON lines),
 ``lifecycle`` (``start``/``stop``, forks), ``run`` (``kvguard run``), ``records`` and ``logfiles``
 (the lines' format and files), ``summary`` and ``report`` (``kvguard report``), ``replay``
-(``kvguard replay``), ``metrics`` (prometheus_client), and on a Ray cluster ``rayworker`` (in a
+(``kvguard replay``), ``metrics`` (prometheus_client) and ``reaper`` (its files of killed processes), and on a Ray cluster ``rayworker`` (in a
 worker) and ``raysummary`` (the report's view of it), with ``kvguard.ray`` its public name. It
 imports the core, never the conformance or cache faces.
 """

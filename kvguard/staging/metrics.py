@@ -206,6 +206,7 @@ class MultiprocessWriter:
         while not self._stop.wait(self.interval):
             self.push()
             if self.reaps:
+                from .reaper import reap_dead
                 reap_dead(self._reaped)
 
     def push(self, final: bool = False) -> None:
@@ -243,52 +244,6 @@ class MultiprocessWriter:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=max(1.0, self.interval))
         self.push(final=True)
-
-
-def reap_dead(reaped: set, directory: str | None = None) -> list:
-    """Mark dead (``prometheus_client.multiprocess.mark_process_dead``) the live gauge files of
-    staged processes that are gone without doing it themselves: a worker killed outright (a
-    Ray worker at ``ray.kill``, the OOM killer) would otherwise keep its last gauges in the
-    sums. A file counts as a staged process's when it holds kvguard's metrics and its pid is no
-    process of this host (the directory is one host's, as ``prometheus_client`` requires).
-    Returns the pids marked; ``reaped`` remembers them."""
-    directory = directory or os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-    if not directory:
-        return []
-    from prometheus_client import multiprocess
-    from prometheus_client.mmap_dict import MmapedDict
-    marked = []
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return []
-    for name in names:
-        if not (name.startswith("gauge_live") and name.endswith(".db")):
-            continue
-        pid_text = name[:-3].rpartition("_")[2]
-        if not pid_text.isdigit() or int(pid_text) in reaped or _alive(int(pid_text)):
-            continue
-        pid = int(pid_text)
-        try:
-            ours = any(entry[0].startswith('["kvguard_') for entry in
-                       MmapedDict.read_all_values_from_file(os.path.join(directory, name)))
-        except (OSError, ValueError, IndexError):
-            continue
-        if ours:
-            multiprocess.mark_process_dead(pid, directory)
-            reaped.add(pid)
-            marked.append(pid)
-    return marked
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # another user's: alive
-    return True
 
 
 def _multiprocess(prometheus_client) -> bool:

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from kvguard.staging.metrics import reap_dead
+from kvguard.staging.reaper import reap_dead
 
 from .staging_env import staged_env, staged_python_fixture  # noqa: F401
 

@@ -154,7 +154,7 @@ class _Run:
         if self.engine.file_is_noqa(text.splitlines()):
             return
         index = lambda: self.index.for_root(root)  # noqa: E731 - loaded only when needed
-        findings = self._lint(text, config, index)
+        findings = self._lint(text, config, index, path)
         if self.options.fix and any(f.fix is not None for f in findings):
             new_data, count = self.fixer.fix_source(data, config, index(), self.select)
             if count and new_data != data:
@@ -166,15 +166,15 @@ class _Run:
                     self.failed = True
                 else:
                     self.fixed += count
-                    findings = self._lint(_decode(new_data) or "", config, index)
+                    findings = self._lint(_decode(new_data) or "", config, index, path)
         for finding in findings:
             self.findings.append(self.report.Located(path, finding))
 
-    def _lint(self, text, config, index):
+    def _lint(self, text, config, index, path=None):
         """Selected, unsuppressed findings. A file that is not valid Python has none
         (flake8 reports it as E999)."""
         engine = self.engine
-        found = engine.lint_source(text, config, index)
+        found = engine.lint_source(text, config, index, path=path)
         mapping = engine.noqa_lines(text) if found else {}
         return [
             f

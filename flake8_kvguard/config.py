@@ -45,18 +45,23 @@ class Config:
     rather than a dataclass: flake8 imports this module on every run, and a dataclass
     compiles its generated methods at import."""
 
-    __slots__ = ("free_names", "tensor_functions", "tensor_native")
+    __slots__ = ("free_names", "tensor_functions", "tensor_native", "detected")
 
     def __init__(
         self,
         free_names: frozenset = DEFAULT_FREE_NAMES,
         tensor_functions: frozenset = frozenset(),
         tensor_native: frozenset = frozenset(),
+        detected: frozenset = frozenset(),
     ):
         set_field = object.__setattr__
         set_field(self, "free_names", free_names)
         set_field(self, "tensor_functions", tensor_functions)
         set_field(self, "tensor_native", tensor_native)
+        # Names of methods that release ids by what their bodies do (effects.py), not
+        # configured: part of free_names, but a call or def of one counts only where
+        # it reaches such a method.
+        set_field(self, "detected", detected)
 
     def __setattr__(self, name, value):
         raise AttributeError(f"Config is immutable: cannot set {name!r}")
@@ -65,7 +70,7 @@ class Config:
         raise AttributeError(f"Config is immutable: cannot delete {name!r}")
 
     def _fields(self) -> tuple:
-        return (self.free_names, self.tensor_functions, self.tensor_native)
+        return (self.free_names, self.tensor_functions, self.tensor_native, self.detected)
 
     def __eq__(self, other):
         if type(other) is not Config:
@@ -78,7 +83,8 @@ class Config:
     def __repr__(self):
         return (
             f"Config(free_names={self.free_names!r}, tensor_functions="
-            f"{self.tensor_functions!r}, tensor_native={self.tensor_native!r})"
+            f"{self.tensor_functions!r}, tensor_native={self.tensor_native!r}, "
+            f"detected={self.detected!r})"
         )
 
     def merged(self, other: "Config") -> "Config":
@@ -86,6 +92,22 @@ class Config:
             free_names=self.free_names | other.free_names,
             tensor_functions=self.tensor_functions | other.tensor_functions,
             tensor_native=self.tensor_native | other.tensor_native,
+            detected=(self.detected | other.detected)
+            - (self.free_names - self.detected)
+            - (other.free_names - other.detected),
+        )
+
+    def with_detected(self, names) -> "Config":
+        """These settings, with the project's release methods found by behaviour added
+        to the free-like names (configured names stay configured)."""
+        extra = frozenset(names) - self.free_names
+        if not extra:
+            return self
+        return Config(
+            self.free_names | extra,
+            self.tensor_functions,
+            self.tensor_native,
+            self.detected | extra,
         )
 
     def key(self) -> tuple:
@@ -93,6 +115,7 @@ class Config:
             tuple(sorted(self.free_names)),
             tuple(sorted(self.tensor_functions)),
             tuple(sorted(self.tensor_native)),
+            tuple(sorted(self.detected)),
         )
 
 

@@ -13,9 +13,9 @@ import sys
 import tokenize
 import warnings
 
-from . import analysis, depth, nodes, positions, slicing
+from . import analysis, depth, fuzzcmd, nodes, positions, slicing
 from .collector import gc_paused
-from .prefilter import prefilter_for
+from .prefilter import effective_config, has_detected_call, prefilter_for
 from .rules import HOOKS
 
 MAX_SOURCE = 20_000_000  # characters; bigger files are generated data, not code
@@ -122,18 +122,22 @@ class deep_recursion:
         return False
 
 
-def analyze(module, config, index, source=None):
+def analyze(module, config, index, source=None, path=None):
     """Findings (with positions) for a parsed module; `source` is the text the file's
-    own index is read from, when the caller has it (else the module's)."""
+    own index is read from, when the caller has it (else the module's); `path`, the
+    file's, names its module in the `kvguard fuzz` command of a KVG2xx finding."""
     from .index import LocalIndex
 
     if source is None or isinstance(source, bytes):
         source = module.code
     with deep_recursion(), gc_paused():
-        return _analyze(module, config, LocalIndex(index, source))
+        local = LocalIndex(index, source)
+        return _analyze(
+            module, config.with_detected(local.release_names()), local, fuzzcmd.module_of(path)
+        )
 
 
-def _analyze(module, config, index):
+def _analyze(module, config, index, fuzz_module=None):
     raw = []
 
     def report(code, node, message, fix=None, related=None):
@@ -150,12 +154,13 @@ def _analyze(module, config, index):
         message = r.message
         if r.related is not None:
             message = message.replace("{related_line}", str(found.get(id(r.related), (1, 0))[0]))
+        message = fuzzcmd.resolve(message, fuzz_module)
         finding = Finding(r.code, line, col, message, r.fix)
         findings.setdefault((line, col, r.code), finding)
     return sorted(findings.values(), key=Finding.key)
 
 
-def lint_source(source, config, index, *, use_prefilter=True, tree=None):
+def lint_source(source, config, index, *, use_prefilter=True, tree=None, path=None):
     """Findings for one file's source (str, or bytes with its PEP 263 encoding).
 
     `index` is the project index or a function returning it, called only for files
@@ -168,9 +173,13 @@ def lint_source(source, config, index, *, use_prefilter=True, tree=None):
     if use_prefilter:
         prefilter = prefilter_for(config)
         if not prefilter.has_free_call(text):
-            if not prefilter.has_tensor_hashing(text, index):
-                return []
-            kvg105_only = True
+            if callable(index):
+                index = index()
+            config = effective_config(config, index)
+            if not has_detected_call(text, config):
+                if not prefilter.has_tensor_hashing(text, index):
+                    return []
+                kvg105_only = True
     if tree is None and isinstance(source, str):
         tree = _ast_of(source)
     body = None
@@ -187,7 +196,7 @@ def lint_source(source, config, index, *, use_prefilter=True, tree=None):
     if callable(index):
         index = index()
     try:
-        return analyze(module, config, index, source)
+        return analyze(module, config, index, source, path)
     except RecursionError:
         return []
 

@@ -63,6 +63,12 @@ def _derived(value, names) -> bool:
     kind = type(value)
     if kind is nodes.Name:
         return value.value in names
+    if kind is nodes.IfExp:  # ids = [x] if isinstance(x, int) else x
+        return _derived(value.body, names) or _derived(value.orelse, names)
+    if kind in (nodes.List, nodes.Tuple) and len(value.elements) == 1:
+        return _derived(value.elements[0].value, names)  # ids = [x]
+    if _ids_of_argument(value, names):
+        return True  # ids = seq.block_table
     if kind is nodes.Subscript:
         return type(value.value) is nodes.Name and value.value.value in names
     if kind is nodes.Call:
@@ -134,7 +140,29 @@ def _is_flag_or_name(node) -> bool:
 
 
 def loops_over(function, names):
-    """`for x in ids` loops (also over list(ids), enumerate(ids)), with x's name."""
+    """`for x in ids` loops (also over list(ids), enumerate(ids), and an attribute of
+    the argument: `for b in seq.block_table`), with x's name."""
+    return [(loop, item) for loop, item, _ in iterates_ids(function, names)]
+
+
+ID_SEQUENCE_WORDS = ("block", "page", "slot", "ids", "indices", "index", "table")
+"""An attribute of the argument that holds its ids (`seq.block_table`, `req.pages`)."""
+
+
+def _ids_of_argument(source, names) -> bool:
+    """`seq.block_table` or `seq.get_block_ids()` for an argument `seq`."""
+    if type(source) is nodes.Call and not source.args:
+        source = source.func
+    if type(source) is not nodes.Attribute or not _is_name_in(source.value, names):
+        return False
+    attr = source.attr.value.lower()
+    return any(word in attr for word in ID_SEQUENCE_WORDS) and not attr.startswith(("num", "n_"))
+
+
+def iterates_ids(function, names):
+    """(loop, item name, iterated expression) for each `for x in ids` loop over one of
+    names (also list(ids), enumerate(ids), sorted(ids)...) or over the ids an argument
+    carries (`for b in seq.block_table`)."""
     found = []
     for node in walk(function.body):
         if type(node) is not nodes.For:
@@ -153,15 +181,28 @@ def loops_over(function, names):
                 else:
                     continue
             source = source.args[0].value
-        if type(source) is nodes.Name and source.value in names and type(target) is nodes.Name:
-            found.append((node, target.value))
+        if type(target) is not nodes.Name:
+            continue
+        if (type(source) is nodes.Name and source.value in names) or _ids_of_argument(
+            source, names
+        ):
+            found.append((node, target.value, source))
     return found
 
 
-def per_occurrence_change(loop, item, owner):
-    """(node, what) for the first change of state the loop makes per id, or None."""
+def per_occurrence_change(loop, item, owner, decrementers=frozenset()):
+    """(node, what) for the first change of state the loop makes per id, or None.
+    `decrementers` names the methods that drop their own instance's count
+    (`block.decr_ref()`, found by what their bodies do)."""
     for node in walk(loop.body):
         kind = type(node)
+        if (
+            kind is nodes.Call
+            and type(node.func) is nodes.Attribute
+            and node.func.attr.value in decrementers
+            and _is_name_in(node.func.value, {item})
+        ):
+            return node, "decrements the refcount of each"
         if kind is nodes.AugAssign and type(node.operator) is nodes.SubtractAssign:
             target = node.target
             if type(target) is nodes.Attribute and root_name(target) == item:

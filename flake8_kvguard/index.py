@@ -29,13 +29,13 @@ except ImportError:  # a Python built without it
 
 LOG = logging.getLogger("flake8.kvguard")
 
-FORMAT_VERSION = 4  # 4: each file's entry holds the digest of the text it was scanned from
+FORMAT_VERSION = 5  # 5: effects of methods ("e", "d"); 4: each file's entry holds the digest of the text it was scanned from
 CACHE_DIR_NAME = ".kvguard_cache"
 CACHE_FILE = "lint-index.json"
 # Beside it: the merged index with the stamps of the files it was merged from, so that
 # a run in an unchanged project reads neither every file's entry nor merges them.
 MERGED_FILE = "lint-index-merged.json"
-MERGED_VERSION = 5  # 5: lines (CachedIndex), methods by name, scans by digest
+MERGED_VERSION = 6  # 6: releases and decrementers in the first line; 5: lines (CachedIndex), methods by name, scans by digest
 MAX_FILES = 50_000  # a "project" bigger than this is a home directory, not a project
 
 
@@ -68,7 +68,10 @@ class ProjectIndex:
         bases: dict = {}
         methods: dict = {}
         factories: dict = {}
+        releases: dict = {}
+        decrementers = set()
         for entry in entries:
+            decrementers.update(entry.get("d", ()))
             for name, found in entry["r"].items():
                 kinds[name] = kinds.get(name, "") + found
             tensor_params.update(entry["p"])
@@ -83,10 +86,14 @@ class ProjectIndex:
                     if classes.get(name, takes) != takes:
                         takes = "?"
                     classes[name] = takes
+                for method, code in info.get("e", {}).items():
+                    releases.setdefault(method, {})[name] = code
             for name, cls in entry.get("k", {}).items():
                 factories[name] = cls if factories.get(name, cls) == cls else ""
         self.bases = bases
         self._methods = methods
+        self.releases = releases
+        self.decrementers = frozenset(decrementers)
         self.factories = {name: cls for name, cls in factories.items() if cls}
         self.returns = {}
         for name, found in kinds.items():
@@ -110,6 +117,8 @@ class ProjectIndex:
             "b": self.bases,
             "m": {method: self.defined_by(method) for method in self.method_names()},
             "k": self.factories,
+            "x": self.releases,
+            "d": sorted(self.decrementers),
             "s": {digest: self.scan_of(digest) for digest in self.scan_digests()},
         }
 
@@ -146,6 +155,31 @@ class ProjectIndex:
     def factory_class(self, name: str):
         """The class a function is annotated to return an instance of, or None."""
         return self.factories.get(name)
+
+    def release_code(self, cls: str, method: str):
+        """The effects.py summary of `cls.method` (through the bases the index knows)
+        where it releases ids; "" where no class on the way does (all of them the
+        project's); None when a base outside the project may."""
+        defined = self.releases.get(method, {})
+        seen = set()
+        queue = [cls]
+        while queue:
+            current = queue.pop(0)
+            if current in seen or len(seen) > 20:
+                continue
+            seen.add(current)
+            found = self.bases.get(current)
+            if found is None:
+                return None
+            code = defined.get(current)
+            if code is not None:
+                return code
+            queue.extend(found)
+        return "" if seen else None  # every class on the way is the project's
+
+    def release_names(self):
+        """Method names some class of the project releases ids with (effects.py)."""
+        return self.releases.keys()
 
     def method_takes(self, cls: str, method: str):
         """ "t" when `cls.method` takes ids as a tensor, "n" when it is annotated to take
@@ -184,6 +218,8 @@ class CachedIndex(ProjectIndex):
         self.tensor_params = frozenset(tables["p"])
         self.bases = tables["b"]
         self.factories = tables["k"]
+        self.releases = tables["x"]
+        self.decrementers = frozenset(tables["d"])
         self._data = data
 
     def _line(self, kind: bytes, key: str):
@@ -249,6 +285,25 @@ class LocalIndex:
 
     def factory_class(self, name):
         return self.local.factory_class(name) or self.project.factory_class(name)
+
+    def defined_by(self, method):
+        found = dict(self.project.defined_by(method))
+        found.update(self.local.defined_by(method))
+        return found
+
+    def release_code(self, cls, method):
+        if self.local.is_class(cls):
+            found = self.local.release_code(cls, method)
+            if found:
+                return found
+        return self.project.release_code(cls, method)
+
+    def release_names(self):
+        return self.local.release_names() | self.project.release_names()
+
+    @property
+    def decrementers(self):
+        return self.local.decrementers | self.project.decrementers
 
     def method_takes(self, cls, method):
         if self.local.is_class(cls):
@@ -328,9 +383,12 @@ def _read_merged(path: str, stamps: dict):
     tables = header.get("tables")
     if (
         not isinstance(tables, dict)
-        or set(tables) != {"r", "p", "b", "k"}
-        or not all(isinstance(table, dict) for table in (tables["r"], tables["b"], tables["k"]))
+        or set(tables) != {"r", "p", "b", "k", "x", "d"}
+        or not all(
+            isinstance(tables[key], dict) for key in ("r", "b", "k", "x")
+        )
         or not isinstance(tables["p"], list)
+        or not isinstance(tables["d"], list)
     ):
         return None
     return CachedIndex(tables, data)
@@ -339,7 +397,7 @@ def _read_merged(path: str, stamps: dict):
 def _merged_lines(root: str, stamps: dict, index: ProjectIndex):
     """The merged cache's text, line by line (CachedIndex reads it)."""
     tables = index.tables()
-    header = {key: tables[key] for key in ("r", "p", "b", "k")}
+    header = {key: tables[key] for key in ("r", "p", "b", "k", "x", "d")}
     dump = json.dumps
     yield dump(
         {"version": MERGED_VERSION, "root": root, "stamps": stamps, "tables": header},

@@ -208,6 +208,23 @@ def uses_as_tensor(body: str, name: str) -> bool:
     return False
 
 
+_RETURN = re.compile(r"^[ \t]+return\b[ \t]*(.*)$", re.M)
+_CONSTRUCTION = re.compile(r"^(?:\w+\.)*([A-Z]\w*)\(")
+
+
+def _constructed(body: str):
+    """The class every `return` of a body constructs (`return SlotPool(n)`), or None."""
+    found = None
+    for match in _RETURN.finditer(body):
+        construction = _CONSTRUCTION.match(match.group(1))
+        if construction is None:
+            return None
+        if found not in (None, construction.group(1)):
+            return None
+        found = construction.group(1)
+    return found
+
+
 def _annotation_class(text: str):
     """The class an annotation names (`Pool`, `"Pool"`, `Optional[mod.Pool]`), or None."""
     text = re.sub(r"\s+", "", text).strip("'\"")
@@ -235,6 +252,7 @@ def scan_source(source: str) -> dict:
     tensor_params = set()
     classes: dict = {}
     factories: dict = {}
+    candidates = []  # (class, method, its text) for effects.py
     scopes = []  # (indent, class name or None for a def), innermost last
     events = [(m.start(), "c", m) for m in _CLASS.finditer(source)]
     events += [(m.start(), "d", m) for m in _DEF.finditer(source)]
@@ -269,6 +287,11 @@ def scan_source(source: str) -> dict:
             returned = _annotation_class(annotation)
             if returned is not None and kind_found == OTHER:
                 factories[name] = returned if factories.get(name, returned) == returned else ""
+        elif "return" in source[match.end() : match.end() + 4_000]:
+            header_end = source.find(":", match.end() + len(params))
+            returned = _constructed(source[header_end : _body_end(source, header_end, indent)])
+            if returned is not None:  # def make_pool(): return SlotPool(16)
+                factories[name] = returned if factories.get(name, returned) == returned else ""
         is_method = match.group(0)[:1] in " \t"
         param, param_annotation = _first_id_parameter(params, is_method)
         takes = None
@@ -288,6 +311,77 @@ def scan_source(source: str) -> dict:
             tensor_params.add(name)
         if owner is not None and takes is not None:
             classes[owner]["m"][name] = takes
+        if owner is not None and is_method:
+            header_end = source.find(":", match.end() + len(params))
+            end = _body_end(source, header_end, indent)
+            if _may_change_state(source, header_end, end):
+                line_start = source.rfind("\n", 0, match.start()) + 1
+                candidates.append((owner, name, source[line_start:end]))
     factories = {name: cls for name, cls in factories.items() if cls}
-    return {"r": returns, "p": sorted(tensor_params), "c": classes, "k": factories}
+    entry = {"r": returns, "p": sorted(tensor_params), "c": classes, "k": factories}
+    if candidates:
+        _add_effects(entry, candidates)
+    return entry
+
+
+_EFFECT_HINT = re.compile(
+    r"-=|\+=|\.(?:append|appendleft|extend|extendleft|put|put_nowait|insert|remove|discard|pop)"
+    r"\s*\(|heappush|=\s*(?:True|False)\b|cat\s*\(|\bdel\b|\.\w+\(\)"
+)
+_STATE_HINT = re.compile(
+    r"\.\w*(?:free|avail|empty|unused|idle|vacant|spare|recycl|reusable|ref|cnt|count|usage|"
+    r"pin|used|alloc|busy|occupied|in_use|taken|live)",
+    re.I,
+)
+
+
+def _may_change_state(source: str, start: int, end: int) -> bool:
+    """Whether a method body might release ids or drop its own count (effects.py
+    decides; this only spares parsing the bodies that cannot)."""
+    return (
+        _EFFECT_HINT.search(source, start, end) is not None
+        and _STATE_HINT.search(source, start, end) is not None
+    )
+
+
+def _add_effects(entry: dict, candidates) -> None:
+    """Parse each candidate method alone and record what it does (effects.py): "e"
+    {method: summary code} on its class, and "d", the methods that drop their own
+    instance's count (`def sub_ref(self): self.ref_cnt -= 1`)."""
+    import ast
+    import textwrap
+
+    from . import effects, nodes
+    from .analysis.syntax import all_params, ids_param
+
+    functions = []
+    for owner, name, text in candidates:
+        text = textwrap.dedent(text)
+        try:
+            module = nodes.from_ast(ast.parse(text), text)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            continue
+        function = module.body[0] if module.body else None
+        if type(function) is not nodes.FunctionDef:
+            continue
+        params = all_params(function.params)
+        self_name = params[0].name.value if params else None
+        functions.append((owner, name, function, self_name))
+    decrementers = {
+        name
+        for owner, name, function, self_name in functions
+        if len(all_params(function.params)) == 1 and effects.decrements_itself(function, self_name)
+    }
+    decrementers.difference_update(effects.GENERIC)
+    if decrementers:
+        entry["d"] = sorted(decrementers)
+    for owner, name, function, self_name in functions:
+        if name in effects.GENERIC or name in decrementers:
+            continue
+        param = ids_param(function, True)
+        if param is None:
+            continue
+        found = effects.summarize(function, self_name, param.name.value, decrementers)
+        if found is not None:
+            entry["c"][owner].setdefault("e", {})[name] = found.code
 

@@ -15,7 +15,7 @@ import logging
 import os
 
 from . import __version__, config as config_module, project
-from .prefilter import prefilter_for
+from .prefilter import effective_config, has_detected_call, prefilter_for
 
 LOG = logging.getLogger("flake8.kvguard")
 
@@ -116,12 +116,17 @@ class KVGChecker:
 
             return index.for_root(root)
 
-        if not prefilter.may_hold_findings(text, load_index):
-            return
+        if not prefilter.has_free_call(text):
+            index = load_index()
+            if not has_detected_call(text, effective_config(config, index)):
+                if not prefilter.has_tensor_hashing(text, index):
+                    return
         from . import engine
 
         try:
-            findings = engine.lint_source(text, config, load_index, tree=self.tree)
+            findings = engine.lint_source(
+                text, config, load_index, tree=self.tree, path=self.filename
+            )
         except Exception:  # never take flake8's whole run down with us
             LOG.warning(
                 "kvguard: internal error on %s; please report it", self.filename, exc_info=True

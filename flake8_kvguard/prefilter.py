@@ -34,6 +34,8 @@ _WORD_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012
 _COMPREHENSION = r"\{(?:[^{}]|\{[^{}]*\})*?\bfor\b"
 _TENSOR_WORDS = r"torch|Tensor|\.(?:%s)\s*\(" % "|".join(sorted(torch_api.TORCH_ONLY_METHODS))
 _WORD = re.compile(r"[A-Za-z_]\w*")
+# A parameter or variable annotated as a set: membership in it hashes (KVG105).
+_SET_ANNOTATION = r":\s*(?:typing\.|t\.)?(?:[Ss]et|FrozenSet|frozenset|AbstractSet|MutableSet)\b"
 
 
 def spellings(text: str) -> tuple:
@@ -89,7 +91,9 @@ def _has_container(text: str) -> bool:
             if _after(text, start, dot_ok=True):
                 return True
             start = find(word, start + 1)
-    return re.search(_COMPREHENSION, text) is not None
+    if re.search(_COMPREHENSION, text) is not None:
+        return True
+    return re.search(_SET_ANNOTATION, text) is not None
 
 
 class Prefilter:
@@ -157,6 +161,28 @@ class Prefilter:
 
 
 _prefilters: dict = {}
+_effective: dict = {}
+
+
+def effective_config(config, index):
+    """`config` with the project's release methods found by behaviour (the index's
+    effects.py summaries) added as detected free-like names; once per index."""
+    key = (config, id(index))
+    found = _effective.get(key)
+    if found is None or found[0] is not index:
+        names = index.release_names()
+        found = (index, config.with_detected(names) if names else config)
+        _effective[key] = found
+    return found[1]
+
+
+def has_detected_call(text: str, config) -> bool:
+    """A call or def (with an argument) of a detected release method's name."""
+    if not config.detected:
+        return False
+    from .config import Config
+
+    return prefilter_for(Config(free_names=config.detected)).has_free_call(text)
 
 
 def prefilter_for(config) -> Prefilter:

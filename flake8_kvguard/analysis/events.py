@@ -9,7 +9,7 @@ KVG105 reads (calls, comparisons, subscripts, set and dict comprehensions).
 
 from __future__ import annotations
 
-from .. import nodes
+from .. import effects, nodes
 
 from ..cstutil import dotted_name, positional_args
 from ..values import OBJECT, TENSOR
@@ -21,6 +21,9 @@ IDS_KEYWORDS = frozenset(
 )
 
 # Method names too generic to resolve through the project index: the project's
+
+# Words in the name of a receiver whose class is unknown that make it an allocator.
+ALLOCATOR_WORDS = ("alloc", "pool", "cache", "block", "page", "slot", "free", "mem", "kv")
 
 # Literals that cannot be block ids: `cache.release("session-a")` releases something else.
 NOT_IDS = frozenset(
@@ -39,9 +42,9 @@ NOT_IDS = frozenset(
 class FreeCall:
     """A call to a free-like function or method, as the rules see it."""
 
-    __slots__ = ("call", "callee", "name", "ids", "val", "tensor_native", "scope")
+    __slots__ = ("call", "callee", "name", "ids", "val", "tensor_native", "scope", "unsure")
 
-    def __init__(self, call, callee, name, ids, val, tensor_native, scope):
+    def __init__(self, call, callee, name, ids, val, tensor_native, scope, unsure=False):
         self.call = call  # the nodes.Call
         self.callee = callee  # "self._kv_cache.free", or just "free"
         self.name = name  # "free"
@@ -49,14 +52,38 @@ class FreeCall:
         self.val = val  # what is known of it
         self.tensor_native = tensor_native
         self.scope = scope
+        # tensor_native only because some method of that name takes tensors while
+        # others do not, and the receiver's class is unknown
+        self.unsure = unsure
 
 
 class FreeMethod:
     """A free-like method defined in a class (KVG201-KVG204)."""
 
-    __slots__ = ("function", "class_info", "param", "tensor_param", "self_name", "int_ids")
+    __slots__ = (
+        "function",
+        "class_info",
+        "param",
+        "tensor_param",
+        "self_name",
+        "int_ids",
+        "effects",
+        "decrementers",
+        "detected",
+    )
 
-    def __init__(self, function, class_info, param, tensor_param, self_name, int_ids=True):
+    def __init__(
+        self,
+        function,
+        class_info,
+        param,
+        tensor_param,
+        self_name,
+        int_ids=True,
+        effects=None,
+        decrementers=frozenset(),
+        detected=False,
+    ):
         self.function = function
         self.class_info = class_info
         self.param = param  # name of the parameter receiving the ids
@@ -65,6 +92,11 @@ class FreeMethod:
         # False when the annotation says the ids travel as objects (vLLM's
         # KVCacheBlock) or arrays: the rules about int ids (KVG201, KVG202) skip it.
         self.int_ids = int_ids
+        self.effects = effects  # what it does to its state (effects.Effects), or None
+        # methods that drop their own instance's count (`block.decr_ref()`)
+        self.decrementers = decrementers
+        # found by what its body does, not by a free-like name
+        self.detected = detected
 
 
 class Events:
@@ -109,7 +141,21 @@ class Events:
                 int_ids = False  # ids that travel as objects (KVCacheBlock), or arrays
         params = all_params(node.params)
         self_name = params[0].name.value if params and not is_static(node) else None
-        method = FreeMethod(node, class_info, param.name.value, tensor_param, self_name, int_ids)
+        decrementers = self.index.decrementers
+        found = effects.summarize(node, self_name, param.name.value, decrementers)
+        if found is None and node.name.value in self.config.detected:
+            return  # another class's method of that name releases; this one does not
+        method = FreeMethod(
+            node,
+            class_info,
+            param.name.value,
+            tensor_param,
+            self_name,
+            int_ids,
+            found,
+            decrementers,
+            node.name.value in self.config.detected,
+        )
         for check in self.hooks.free_method:
             check(method, self.view)
 
@@ -127,13 +173,62 @@ class Events:
             or (type(ids.value) is nodes.Name and ids.value.value == "None")
         ):
             return
+        if name in self.config.detected and not self.reaches_release(call.func, name, scope):
+            return
         callee = dotted_name(call.func) or name
         val = self.inference.infer(ids.value, scope)
         native = self.is_tensor_native(callee, name, call.func, scope)
-        free = FreeCall(call, callee, name, ids.value, val, native, scope)
+        unsure = native and self._candidates_disagree(callee, name, call.func, scope)
+        free = FreeCall(call, callee, name, ids.value, val, native, scope, unsure)
         scope.free_calls.append(free)
         for check in self.hooks.free_call:
             check(free, self.view)
+
+    def receiver_class(self, func, scope):
+        """The class of a method call's receiver where the code says it, else None."""
+        if type(func) is not nodes.Attribute or scope is None:
+            return None
+        owner = func.value
+        if (
+            type(owner) is nodes.Name
+            and owner.value == scope.self_name
+            and scope.class_info is not None
+        ):
+            return scope.class_info.name
+        receiver = self.inference.infer(owner, scope)
+        return receiver.cls if receiver.kind == OBJECT and receiver.cls else None
+
+    def reaches_release(self, func, name, scope) -> bool:
+        """A call of a name that only behaviour made free-like: it counts where its
+        receiver's class releases ids with that method, or, where the receiver's class
+        is unknown, where the receiver is named for an allocator (`self.token_pool`,
+        `allocator`): some method of that name in the project releases ids."""
+        if type(func) is not nodes.Attribute:
+            return False
+        cls = self.receiver_class(func, scope)
+        if cls is None:
+            text = (dotted_name(func.value) or "").lower()
+            return any(word in text for word in ALLOCATOR_WORDS)
+        code = self.index.release_code(cls, name)
+        return code is None or effects.releases_code(code)
+
+    def _candidates_disagree(self, callee, name, func, scope) -> bool:
+        """Tensor-native by the name alone: the receiver's class is unknown and the
+        project's methods of that name that release a collection of ids differ (some
+        take tensors, some are annotated to take something else)."""
+        for entry in self._tensor_native:
+            if callee == entry or name == entry or callee.endswith("." + entry):
+                return False
+        if type(func) is nodes.Attribute and self.receiver_class(func, scope) is not None:
+            return False
+        takes = set()
+        for cls, kind in self.index.defined_by(name).items():
+            code = self.index.release_code(cls, name)
+            # only methods that release a collection of ids: a free(req) or a
+            # free(slot: int) is no candidate for a tensor of ids
+            if effects.releases_code(code) and code.split("/")[1] != effects.ONE:
+                takes.add(kind)
+        return "t" in takes and "n" in takes
 
     def is_tensor_native(self, callee, name, func=None, scope=None):
         """Whether the free-like callee takes its ids as a tensor.

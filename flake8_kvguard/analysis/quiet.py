@@ -75,6 +75,7 @@ REASONED_FOR = {
         ("kvg202_unnormalized_ids", "check_free_method"),
         ("kvg203_batched_free", "check_free_method"),
         ("kvg204_unchecked_free", "check_free_method"),
+        ("kvg205_single_free", "check_free_method"),
     ),
     "call": (("kvg105_tensor_hashing", "check_call"),),
     "comparison": (("kvg105_tensor_hashing", "check_comparison"),),

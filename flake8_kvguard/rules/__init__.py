@@ -19,6 +19,7 @@ from . import (
     kvg202_unnormalized_ids,
     kvg203_batched_free,
     kvg204_unchecked_free,
+    kvg205_single_free,
 )
 from .contract import Hooks
 
@@ -33,6 +34,7 @@ RULES = (
     kvg202_unnormalized_ids,
     kvg203_batched_free,
     kvg204_unchecked_free,
+    kvg205_single_free,
 )
 
 BY_CODE = {rule.CODE: rule for rule in RULES}
@@ -51,6 +53,7 @@ HOOKS = Hooks(
         kvg202_unnormalized_ids.check_free_method,
         kvg203_batched_free.check_free_method,
         kvg204_unchecked_free.check_free_method,
+        kvg205_single_free.check_free_method,
     ),
     call=(kvg105_tensor_hashing.check_call,),
     comparison=(kvg105_tensor_hashing.check_comparison,),

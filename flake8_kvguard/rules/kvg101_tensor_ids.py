@@ -88,11 +88,23 @@ def release(allocator: TokenAllocator, indices: torch.Tensor) -> None:
 ]
 
 
+UNSURE = (
+    " (the receiver's class is unknown here, and of the project's {callee}() methods some "
+    "take tensors and some do not: name its class, e.g. with an annotation, if this one "
+    "takes tensors)"
+)
+
+
 def check_free_call(call, ctx):
     val = call.val
-    if val.kind != TENSOR or call.tensor_native or is_bool(val):
+    if val.kind != TENSOR or is_bool(val):
         return
+    if call.tensor_native and not (call.unsure and not val.optional):
+        return
+    message = MESSAGE.format(callee=call.name, ids=ctx.short(call.ids))
     fix = None
-    if not val.optional:
+    if call.unsure:
+        message += UNSURE.format(callee=call.name)  # no fix: this one may take tensors
+    elif not val.optional:
         fix = (call.ids, method_call(call.ids, "tolist"))
-    ctx.report(CODE, call.ids, MESSAGE.format(callee=call.name, ids=ctx.short(call.ids)), fix=fix)
+    ctx.report(CODE, call.ids, message, fix=fix)

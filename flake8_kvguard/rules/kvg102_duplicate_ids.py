@@ -8,6 +8,9 @@ block, as prefix-shared sequences do. De-duplicate on the way, or keep the sourc
 provably disjoint.
 """
 
+from .. import nodes
+from ..values import OBJECT, SEQUENCE, UNKNOWN
+
 CODE = "KVG102"
 SUMMARY = "possibly duplicated ids passed to a free-like call"
 MESSAGE = (
@@ -20,6 +23,10 @@ BAD = [
     """\
 def finish(allocator, prefix_blocks: list[int], own_blocks: list[int]) -> None:
     allocator.free(prefix_blocks + own_blocks)
+""",
+    """\
+def finish(allocator, seq, fork) -> None:
+    allocator.free(seq.block_ids + fork.block_ids)  # a fork shares its prefix blocks
 """,
     """\
 import itertools
@@ -66,5 +73,41 @@ def finish(allocator, seq) -> None:
 
 
 def check_free_call(call, ctx):
-    if call.val.dup:
-        ctx.report(CODE, call.ids, MESSAGE.format(callee=call.name, reason=call.val.dup))
+    reason = call.val.dup
+    if not reason and _concatenates_id_lists(call.ids, call.scope, ctx):
+        reason = "concatenation of two id lists"
+    if reason:
+        ctx.report(CODE, call.ids, MESSAGE.format(callee=call.name, reason=reason))
+
+
+_ID_LIST_ENDINGS = ("ids", "blocks", "pages", "slots", "indices", "table", "tables", "list")
+_COUNT_STARTS = ("num", "n_", "len", "count", "total", "max", "min")
+
+
+def _concatenates_id_lists(node, scope, ctx) -> bool:
+    """`a + b` where each side holds ids by what is known of it or by its name
+    (`seq.block_ids + other.block_ids`, `prefix_pages + new_pages`): what inference
+    cannot type, the names tell; a number on either side makes it a sum."""
+    if type(node) is not nodes.BinaryOperation or type(node.operator) is not nodes.Add:
+        return False
+    return all(_holds_ids(side, scope, ctx) for side in (node.left, node.right))
+
+
+def _holds_ids(node, scope, ctx) -> bool:
+    if type(node) is nodes.BinaryOperation and type(node.operator) is nodes.Add:
+        return _concatenates_id_lists(node, scope, ctx)
+    val = ctx.infer(node, scope)
+    if val.kind == SEQUENCE:
+        return True
+    if val.kind not in (UNKNOWN, OBJECT) and val.kind is not None:
+        return False
+    if type(node) is nodes.Call and not node.args:
+        node = node.func  # seq.get_block_ids()
+    if type(node) is nodes.Attribute:
+        name = node.attr.value
+    elif type(node) is nodes.Name:
+        name = node.value
+    else:
+        return type(node) in (nodes.List, nodes.ListComp)
+    name = name.lower()
+    return name.endswith(_ID_LIST_ENDINGS) and not name.startswith(_COUNT_STARTS)

@@ -11,7 +11,8 @@ CODE = "KVG103"
 SUMMARY = "a bool used as block id(s): literal, comparison, mask"
 MESSAGE = (
     "KVG103 {callee}() gets {what} as block ids: True is id 1 to int() but selects "
-    "everything as a tensor index; pass the ids themselves, e.g. mask.nonzero()"
+    "everything as a tensor index; pass the ids themselves, e.g. "
+    "mask.nonzero().flatten().tolist()"
 )
 FIXABLE = False
 

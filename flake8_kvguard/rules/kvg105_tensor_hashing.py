@@ -39,6 +39,12 @@ def still_used(block_ids: torch.Tensor, freed: list) -> list:
     gone = set(freed)
     return [b for b in block_ids if b not in gone]
 """,
+    """\
+import torch
+
+def kept(block_table: torch.Tensor, freed: set[int]) -> list:
+    return [b for b in block_table if b not in freed]
+""",
 ]
 FIXED = [
     """\
@@ -54,6 +60,7 @@ def owners(block_ids: torch.Tensor) -> dict:
     return dict.fromkeys(block_ids.tolist())
 """,
     None,
+    None,
 ]
 GOOD = [
     """\
@@ -61,6 +68,12 @@ import torch
 
 def unique_blocks(block_table: torch.Tensor) -> int:
     return len(set(block_table[0].tolist()))
+""",
+    """\
+import torch
+
+def kept(block_table: torch.Tensor, freed: set[int]) -> list:
+    return [b for b in block_table.tolist() if b not in freed]
 """,
     """\
 import torch
@@ -129,7 +142,9 @@ def check_comparison(node, scope, ctx):
     for target in node.comparisons:
         if type(target.operator) in (nodes.In, nodes.NotIn):
             container = ctx.infer(target.comparator, scope)
-            if is_container(container):
+            if is_container(container) or (
+                container.kind == SET and container.note == "annotation"
+            ):  # a filter over a parameter annotated as a set hashes elements too
                 val = ctx.infer(left, scope)
                 if val.kind == ELEMENT:
                     _report(ctx, node, f"membership test in a {container.kind}")

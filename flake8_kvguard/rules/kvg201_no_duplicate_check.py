@@ -7,7 +7,7 @@ handed to two sequences. Validating each id is not enough; reject repeats within
 call too.
 """
 
-from .. import nodes
+from .. import effects, freeing, fuzzcmd, nodes
 
 from ..cstutil import dotted_name, root_name, walk
 from ..freeing import collection_names, iterates
@@ -17,7 +17,7 @@ SUMMARY = "free-like method validates ids one by one but never rejects duplicate
 MESSAGE = (
     "KVG201 {method}() validates '{param}' id by id but never rejects an id repeated "
     "within the call: free([b, b]) passes and puts b on the free list twice; check "
-    "len(set(ids)) != len(ids) before changing any state"
+    "len(set(ids)) != len(ids) before changing any state{fuzz}"
 )
 FIXABLE = False
 
@@ -34,6 +34,16 @@ class BlockedAllocator:
             self._blocks[block] = self._head
             self._head = block
             self._free_blocks += 1
+""",
+    """\
+class RefPool:
+    def release(self, block_ids):
+        for b in block_ids:
+            if b < 0 or b >= self.num_blocks:  # a range check: a repeat passes it
+                raise ValueError(f"block {b} out of range")
+            self.ref_counts[b] -= 1
+            if self.ref_counts[b] == 0:
+                self.free_list.append(b)
 """,
 ]
 GOOD = [
@@ -135,15 +145,29 @@ def _mutates_per_id(loop):
     return False
 
 
+def _checks_state_per_id(loop, names, owner):
+    """A loop that changes state for each id and, before that, tests the state of each
+    (already free, past zero): a repeat fails the test. A range test alone does not
+    catch one."""
+    if not _mutates_per_id(loop):
+        return False
+    if type(loop.target) is not nodes.Name:
+        return True
+    item = loop.target.value
+    if freeing.per_occurrence_change(loop, item, owner) is None:
+        return True  # stores only (`self._blocks[b] = -1`): a repeat stores it again
+    return effects.CHECK_FREE in effects.checks_in(loop.body, set(names) | {item}, owner)
+
+
 def check_free_method(method, ctx):
     if not method.int_ids:
         return
     function = method.function
     names = collection_names(function, method.param)
     loops = _validation_loops(function, names)
-    if not loops or any(_mutates_per_id(loop) for loop in loops):
+    if not loops or any(_checks_state_per_id(loop, names, method.self_name) for loop in loops):
         return
     if _deduplicates(function, names):
         return
-    message = MESSAGE.format(method=function.name.value, param=method.param)
+    message = MESSAGE.format(fuzz=fuzzcmd.for_method(method, CODE), method=function.name.value, param=method.param)
     ctx.report(CODE, function.name, message)

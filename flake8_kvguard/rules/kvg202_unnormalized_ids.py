@@ -6,7 +6,7 @@ free-list head hashes by identity and drags a tensor into every later allocation
 Normalize each id once at the top of free(): reject bools, then operator.index().
 """
 
-from .. import nodes
+from .. import fuzzcmd, nodes
 
 from ..cstutil import dotted_name, root_name, walk
 from ..freeing import collection_names, iterates
@@ -16,7 +16,7 @@ SUMMARY = "free-like method indexes or stores state with ids it did not normaliz
 MESSAGE = (
     "KVG202 {method}() {how} allocator state with '{name}' as the caller passed it: a "
     "bool indexes the whole tensor and a 0-dim tensor hashes by identity; normalize "
-    "each id first (reject bools, then operator.index)"
+    "each id first (reject bools, then operator.index){fuzz}"
 )
 FIXABLE = False
 
@@ -71,6 +71,8 @@ _ID_METHODS = frozenset(("item", "tolist", "__index__", "__int__", "bit_length")
 def check_free_method(method, ctx):
     if method.tensor_param or method.self_name is None or not method.int_ids:
         return
+    if method.detected and _annotated(method):
+        return  # a method no name made free-like, whose caller is told to pass ints
     function = method.function
     owner = method.self_name
     collections = collection_names(function, method.param)
@@ -147,7 +149,7 @@ def check_free_method(method, ctx):
     if not uses:
         return
     node, name, how = uses[0]
-    ctx.report(CODE, node, MESSAGE.format(method=function.name.value, how=how, name=name))
+    ctx.report(CODE, node, MESSAGE.format(fuzz=fuzzcmd.for_method(method, CODE), method=function.name.value, how=how, name=name))
 
 
 def _normalizes(value):
@@ -168,4 +170,11 @@ def _normalizes(value):
                 and node.func.attr.value in ("tolist", "item")
             ):
                 return True
+    return False
+
+
+def _annotated(method) -> bool:
+    for param in method.function.params.params:
+        if param.name.value == method.param:
+            return param.annotation is not None
     return False

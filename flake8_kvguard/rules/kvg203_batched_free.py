@@ -11,7 +11,7 @@ method does (only the class's own helpers are followed); any raise, assert or
 de-duplication in the method counts as a check.
 """
 
-from .. import freeing
+from .. import freeing, fuzzcmd
 
 CODE = "KVG203"
 SUMMARY = "batched free decrements refcounts for all ids at once and never rejects a repeated id"
@@ -19,7 +19,7 @@ MESSAGE = (
     "KVG203 {method}() decrements refcounts for all of '{param}' at once and never "
     "rejects a repeated id: free([b, b]) drops two references (np.add.at) or counts "
     "one (fancy indexing) and can put b on the free list twice; reject repeats first "
-    "(unique with return_counts, or len(set(ids)) != len(ids))"
+    "(unique with return_counts, or len(set(ids)) != len(ids)){fuzz}"
 )
 FIXABLE = False
 
@@ -74,4 +74,4 @@ def check_free_method(method, ctx):
         return
     if freeing.batched_push(function, names, method.self_name) is None:
         return
-    ctx.report(CODE, function.name, MESSAGE.format(method=function.name.value, param=method.param))
+    ctx.report(CODE, function.name, MESSAGE.format(fuzz=fuzzcmd.for_method(method, CODE), method=function.name.value, param=method.param))

@@ -13,7 +13,8 @@ condition only tells a kind of block (a flag or an identity of the item:
 `if block.is_null: continue`), which lets a repeat through.
 """
 
-from .. import freeing
+from .. import effects, freeing, fuzzcmd
+from ..cstutil import dotted_name
 
 CODE = "KVG204"
 SUMMARY = "free-like method changes allocator state once per id with no validation at all"
@@ -21,7 +22,7 @@ MESSAGE = (
     "KVG204 {method}() {what} id in '{param}' with no check at all: an id passed twice "
     "is released twice (a reference it does not own, a second slot on the free list) "
     "and later handed to two owners; reject repeated and already-free ids before "
-    "changing state"
+    "changing state{fuzz}"
 )
 FIXABLE = False
 
@@ -98,9 +99,15 @@ def check_free_method(method, ctx):
     if freeing.guards(function, names):
         return
     found = None
-    for loop, item in freeing.loops_over(function, names):
-        found = freeing.per_occurrence_change(loop, item, owner)
+    param = method.param
+    for loop, item, source in freeing.iterates_ids(function, names):
+        found = freeing.per_occurrence_change(loop, item, owner, method.decrementers)
+        if found is not None and effects.CHECK_FREE in effects.checks_in(
+            loop.body, names | {item}, owner
+        ):
+            return  # `if b not in self.free: self.free.append(b)`: a repeat is skipped
         if found is not None:
+            param = dotted_name(source) or param  # `seq.block_table`
             break
     if found is None:
         push = freeing.batched_push(function, names, owner)
@@ -111,5 +118,5 @@ def check_free_method(method, ctx):
     if freeing.batched_decrement(function, names, owner, helpers) is not None:
         return  # KVG203 says it, with the reason that fits
     node, what = found
-    message = MESSAGE.format(method=function.name.value, what=what, param=method.param)
+    message = MESSAGE.format(fuzz=fuzzcmd.for_method(method, CODE), method=function.name.value, what=what, param=param)
     ctx.report(CODE, function.name, message)

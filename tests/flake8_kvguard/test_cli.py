@@ -153,6 +153,7 @@ def test_sarif_format(tmp_path):
         "KVG202",
         "KVG203",
         "KVG204",
+        "KVG205",
     ]
     [result] = run["results"]
     assert result["ruleId"] == "KVG101" and rules[result["ruleIndex"]]["id"] == "KVG101"

@@ -51,17 +51,22 @@ EXPECTED = {
         "vllm/v1/simple_kv_offload/manager.py:1353:45: KVG102",
     ],
     "sglang": [
+        "sglang/srt/disaggregation/utils.py:395:9: KVG205",
         "sglang/srt/disaggregation/utils.py:396:32: KVG202",
         # Outside the KV-cache modules: found on the whole package only.
         "sglang/srt/hardware_backend/mlx/kv_cache/auxiliary_state.py:145:9: KVG204",
+        "sglang/srt/layers/attention/minicpm/cache.py:155:33: KVG102",
         "sglang/srt/mem_cache/allocator/mamba.py:79:9: KVG204",
         "sglang/srt/mem_cache/allocator/token.py:65:9: KVG204",
+        "sglang/srt/mem_cache/allocator/unified_sub_pool.py:1422:9: KVG204",
+        "sglang/srt/mem_cache/memory_pool.py:454:9: KVG204",
         "sglang/srt/mem_cache/unified_radix_cache.py:3269:39: KVG102",
         "sglang/srt/mem_cache/unified_radix_cache.py:3287:25: KVG102",
     ],
     "lmdeploy": [
         "lmdeploy/pytorch/paging/block_manager/base_block_manager.py:112:9: KVG203",
         "lmdeploy/pytorch/paging/block_manager/base_block_manager.py:53:9: KVG204",
+        "lmdeploy/pytorch/paging/state_manager.py:24:9: KVG205",
         "lmdeploy/pytorch/paging/state_manager.py:29:48: KVG202",
     ],
     "aphrodite": [

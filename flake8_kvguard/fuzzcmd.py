@@ -23,11 +23,17 @@ CLAUSES = {
     "KVG205": "double-free",
 }
 
+# Hazards that need input outside a typed API's declared one (a bool where `int` is
+# annotated): the fuzzer feeds those only with --robustness.
+OUTSIDE_THE_TYPE = frozenset(("KVG202",))
+
 
 def command(module: str, cls: str, code: str, method: str = "free") -> str:
     """`kvguard fuzz pkg.mod.Class --clause duplicate-id`; a free method not named
     `free` needs a spec that names it."""
     text = f"kvguard fuzz {module}.{cls} --clause {CLAUSES[code]}"
+    if code in OUTSIDE_THE_TYPE:
+        text += " --robustness"
     if method != "free":
         text += f" --spec MODULE.SPEC (a kvguard.AllocatorSpec with free={method!r})"
     return text

@@ -15,7 +15,10 @@ from .conformance.search import (
     CLAUSES, DEFAULT_BUDGET, DEFAULT_EXAMPLES, ConformanceError, ConformanceReport, Driver,
     Finding, MissingDependency, by_id, check_allocator, ids_of,
 )
+from .conformance.lifecycle import LifecycleDriver
+from .conformance.lifecycle_check import LifecycleError, LifecycleReport, check_lifecycle
 
 __all__ = ["CLAUSES", "ConformanceError", "ConformanceReport", "DEFAULT_BUDGET",
-           "DEFAULT_EXAMPLES", "Driver", "Finding", "MissingDependency", "by_id",
-           "check_allocator", "ids_of"]
+           "DEFAULT_EXAMPLES", "Driver", "Finding", "LifecycleDriver", "LifecycleError",
+           "LifecycleReport", "MissingDependency", "by_id", "check_allocator", "check_lifecycle",
+           "ids_of"]

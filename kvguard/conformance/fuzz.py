@@ -218,7 +218,10 @@ def target_for(cls: type, factory: str | None = None, spec: AllocatorSpec | None
 
 
 def fuzz_command(argv) -> int:
-    """``kvguard fuzz DOTTED.NAME``."""
+    """``kvguard fuzz DOTTED.NAME``, or ``kvguard fuzz --lifecycle ENGINE``."""
+    if any(a == "--lifecycle" or a.startswith("--lifecycle=") for a in argv):
+        from .lifecycle_cli import lifecycle_command
+        return lifecycle_command(argv)
     from ..cli import UsageError
     args = _parser().parse_args(argv)
     if args.examples is not None and args.examples < 1:

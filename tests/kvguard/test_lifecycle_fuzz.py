@@ -1,6 +1,6 @@
-"""The lifecycle fuzzer on ``kvguard.conformance.lifecycle_example.ExampleScheduler``, a small scheduler
-shaped like vLLM's v1 ``Scheduler`` (refcounted pool, preemption, async scheduling, deferred
-frees): each bug engines have shipped is planted in turn, found, shrunk and emitted as a
+"""The lifecycle fuzzer on ``kvguard.conformance.lifecycle_example.ExampleScheduler``, a small
+scheduler shaped like vLLM's v1 ``Scheduler`` (refcounted pool, preemption, async scheduling,
+deferred frees): each bug engines have shipped is planted in turn, found, shrunk and emitted as a
 regression test that fails on the buggy scheduler and passes on its fixed twin; the fixed
 scheduler is clean. The real engines' drivers are exercised by ``benchmarks/lifecycle/``."""
 

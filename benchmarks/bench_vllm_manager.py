@@ -32,6 +32,7 @@ from __future__ import annotations
 import abc
 import argparse
 import collections
+import contextlib
 import gc
 import itertools
 import os
@@ -47,6 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvguard  # noqa: E402
 from bench_guard import wrappers  # noqa: E402  (one OpenBLAS thread from here: see there)
 from kvguard.guard import shadowing  # noqa: E402
+from kvguard.owners import holding  # noqa: E402
 from kvguard.staging import StagingConfig  # noqa: E402
 
 BLOCK_SIZE = 16
@@ -90,8 +92,11 @@ def make_workload(requests: int, seed: int = 0) -> list:
             for _ in range(requests)]
 
 
-def schedule(manager, pool, workload, max_running: int = 128) -> int:
-    """Run the workload to completion; returns the number of scheduler steps."""
+def schedule(manager, pool, workload, max_running: int = 128, owners: bool = False) -> int:
+    """Run the workload to completion; returns the number of scheduler steps. With ``owners``
+    each call for a request runs as its holder (``kvguard.owners.holding``), as the vLLM
+    adapter's request boundaries make it under the plugin and in staging."""
+    as_request = holding if owners else _no_holder
     waiting = collections.deque(enumerate(workload))
     running = {}  # request id -> [tokens so far, tokens left to generate, prompt tokens]
     order = []    # running request ids, oldest first (the newest is preempted first)
@@ -109,18 +114,21 @@ def schedule(manager, pool, workload, max_running: int = 128) -> int:
             need = get_num(rid, tokens, [], tokens, 0, tokens)
             while need > pool.get_num_free_blocks() and order:
                 victim = order.pop()  # recomputed later: prompt and output so far re-prefilled
-                manager.free(victim)
+                with as_request(victim):
+                    manager.free(victim)
                 done, left, _ = running.pop(victim)
                 waiting.appendleft((victim, (done, left, False)))
                 if victim == rid:
                     break
             if rid not in running:
                 continue
-            allocate(rid, tokens, tokens)
+            with as_request(rid):
+                allocate(rid, tokens, tokens)
             state[0] = tokens
             state[1] -= 1
             if state[1] <= 0:
-                manager.free(rid)
+                with as_request(rid):
+                    manager.free(rid)
                 del running[rid]
                 order.remove(rid)
         # Admit: a prefix hit takes a reference to a running request's full blocks (touch).
@@ -137,14 +145,19 @@ def schedule(manager, pool, workload, max_running: int = 128) -> int:
             if need > pool.get_num_free_blocks():
                 break
             waiting.popleft()
-            manager.add_local_computed_blocks(rid, hit, computed, 0)
-            allocate(rid, prompt, prompt)
+            with as_request(rid):
+                manager.add_local_computed_blocks(rid, hit, computed, 0)
+                allocate(rid, prompt, prompt)
             running[rid] = [prompt, output, prompt]
             order.append(rid)
     return steps
 
 
-def timed(make, workload, guard_options, pure=False):
+def _no_holder(rid):
+    return contextlib.nullcontext()
+
+
+def timed(make, workload, guard_options, pure=False, owners=False):
     pool, manager = make()
     with wrappers(pure):
         guard = kvguard.guard(pool, **guard_options) if guard_options is not None else None
@@ -152,7 +165,7 @@ def timed(make, workload, guard_options, pure=False):
     gc.disable()
     try:
         t0 = time.thread_time()
-        steps = schedule(manager, pool, workload)
+        steps = schedule(manager, pool, workload, owners=owners)
         elapsed = time.thread_time() - t0
     finally:
         gc.enable()
@@ -195,10 +208,15 @@ def main() -> int:
         if shadowing.ACCEL is not None:  # the Python wrappers beside the compiled ones
             variants.update({f"{name} [pure]": variants[name]
                              for name in ("stacks off", "stacks cheap")})
+        # Owners active: every call for a request runs as its holder (the stale-free check).
+        # "raw +owners" is the engine with the holder set and no guard: the boundary's own
+        # cost, and the baseline the guard's cost with owners active is measured against.
+        variants.update({f"{name} +owners": variants[name] for name in list(variants)})
         best = {name: None for name in variants}
         for _ in range(args.rounds):
             for name, options in variants.items():
-                elapsed, steps, guard = timed(make, workload, options, name.endswith("[pure]"))
+                elapsed, steps, guard = timed(make, workload, options, "[pure]" in name,
+                                              name.endswith("+owners"))
                 if best[name] is None or elapsed < best[name][0]:
                     best[name] = (elapsed, steps, guard)
         raw, steps, _ = best["raw"]
@@ -210,12 +228,16 @@ def main() -> int:
         print(f"  raw: the manager's own time {raw / steps * 1e6:.1f} us per scheduler step")
         print("  guard wrappers: " + ("compiled (kvguard._fastpath); [pure]: the Python wrappers"
                                       if shadowing.ACCEL is not None else "Python"))
+        raw_owners = best["raw +owners"][0]
+        print(f"  holders set at the request boundary (no guard): "
+              f"+{(raw_owners - raw) / steps * 1e6:.1f} us per step, {raw_owners / raw:.2f}x")
         for name, (elapsed, _, _) in best.items():
-            if name == "raw":
+            if name.startswith("raw"):
                 continue
-            added = (elapsed - raw) / steps * 1e6
-            print(f"  {name:<27} +{added:.1f} us per step, {elapsed / raw:.2f}x the manager's "
-                  f"own time")
+            base = raw_owners if name.endswith("+owners") else raw
+            added = (elapsed - base) / steps * 1e6
+            print(f"  {name:<34} +{added:.1f} us per step, {elapsed / base:.2f}x the manager's "
+                  f"own time" + (" (with its holders set)" if base is raw_owners else ""))
     finally:
         modules.close()
     return 0

@@ -1524,13 +1524,13 @@ swallow(void)
    variable a call's holder is read from. Borrowed from the tuple, which the caller holds. */
 typedef struct {
     PyObject *stamp, *origin, *freed, *ref, *uncertain, *pool, *holder, *holders, *leased,
-             *holder_var;
+             *holder_var, *shared_by, *released_by;
 } Hot;
 
 static int
 unpack_hot(PyObject *hot, Hot *h)
 {
-    if (!PyTuple_CheckExact(hot) || PyTuple_GET_SIZE(hot) != 10)
+    if (!PyTuple_CheckExact(hot) || PyTuple_GET_SIZE(hot) != 12)
         return 0;
     h->stamp = PyTuple_GET_ITEM(hot, 0);
     h->origin = PyTuple_GET_ITEM(hot, 1);
@@ -1542,9 +1542,12 @@ unpack_hot(PyObject *hot, Hot *h)
     h->holders = PyTuple_GET_ITEM(hot, 7);
     h->leased = PyTuple_GET_ITEM(hot, 8);
     h->holder_var = PyTuple_GET_ITEM(hot, 9);
+    h->shared_by = PyTuple_GET_ITEM(hot, 10);
+    h->released_by = PyTuple_GET_ITEM(hot, 11);
     if (!is_column(h->stamp, 'q') || !is_column(h->origin, 'I') || !is_column(h->freed, 'I')
         || !is_column(h->holder, 'I') || !PyDict_CheckExact(h->holders)
-        || !PyDict_CheckExact(h->leased) || !PyContextVar_CheckExact(h->holder_var))
+        || !PyDict_CheckExact(h->leased) || !PyContextVar_CheckExact(h->holder_var)
+        || !PyCallable_Check(h->shared_by) || !PyCallable_Check(h->released_by))
         return 0;
     if (h->ref == Py_None)
         h->ref = NULL;
@@ -1594,31 +1597,82 @@ in_map(PyObject *map, long long b)
 }
 
 /* [owners] Whether the fast path may take a release (or, with ``share``, a share) of
-   ``bids`` for ``holder``: none of the blocks has several holders, and none is held by
-   another holder (for a share, only a live one counts: reviving a free block takes it over).
+   ``bids`` for ``holder``: a release of a block the holder does not hold (another holder holds
+   it, alone or among several) goes careful, where it is named ``stale-free``. ``*mixed`` says
+   the commit must then tell the ledger (``shared_by`` / ``released_by``): a block of several
+   holders, or a live block another holder holds taken by a share.
    1 yes, 0 no (careful path), -1 error. */
 static int
-holders_ok(Hot *h, const long long *bids, Py_ssize_t n, long long holder, int share)
+holders_ok(Hot *h, const long long *bids, Py_ssize_t n, long long holder, int share, int *mixed)
 {
     Py_ssize_t i;
     const uint32_t *held = (const uint32_t *)ARR(h->holder)->ob_item;
     const int64_t *stamp = (const int64_t *)ARR(h->stamp)->ob_item;
     Py_ssize_t hsize = Py_SIZE(h->holder), ssize = Py_SIZE(h->stamp);
+    *mixed = 0;
     if (!holder && PyDict_GET_SIZE(h->holders) == 0)
         return 1;
     for (i = 0; i < n; i++) {
         long long b = bids[i];
-        int found = in_map(h->holders, b);
-        if (found)
-            return found < 0 ? -1 : 0;
+        if (PyDict_GET_SIZE(h->holders)) {
+            PyObject *key = PyLong_FromLongLong(b), *counts;
+            if (key == NULL)
+                return -1;
+            counts = PyDict_GetItemWithError(h->holders, key);  /* borrowed */
+            Py_DECREF(key);
+            if (counts == NULL && PyErr_Occurred())
+                return -1;
+            if (counts != NULL) {
+                if (holder && !share) {
+                    /* held while asked: an int key's hash and equality run no Python code,
+                       but the reference costs nothing and survives any surprise */
+                    PyObject *who = PyLong_FromLongLong(holder);
+                    int found;
+                    if (who == NULL)
+                        return -1;
+                    Py_INCREF(counts);
+                    found = PyDict_CheckExact(counts) ? PyDict_Contains(counts, who) : 0;
+                    Py_DECREF(counts);
+                    Py_DECREF(who);
+                    if (found < 0)
+                        return -1;
+                    if (!found)
+                        return 0;
+                }
+                *mixed = 1;
+                continue;
+            }
+        }
         if (holder) {
             if (b >= hsize || b >= ssize)
                 return 0;
-            if (held[b] != 0 && (long long)held[b] != holder && (!share || stamp[b] > 0))
-                return 0;
+            if (held[b] != 0 && (long long)held[b] != holder) {
+                if (!share)
+                    return 0;
+                if (stamp[b] > 0)
+                    *mixed = 1;
+            }
         }
     }
     return 1;
+}
+
+/* Tell the ledger what a committed fast-path call did to blocks of several holders (``hook``:
+   ``shared_by`` or ``released_by``). Its Exception is swallowed (holders' counts are
+   bookkeeping for reports and the stale-free check, never the allocator's state); anything
+   else rises. 0, or -1 with the error set. */
+static int
+tell_holders(PyObject *hook, PyObject *ids, long long holder)
+{
+    PyObject *who = PyLong_FromLongLong(holder), *res;
+    if (who == NULL)
+        return -1;
+    res = PyObject_CallFunctionObjArgs(hook, ids, who, NULL);
+    Py_DECREF(who);
+    if (res == NULL)
+        return swallow();
+    Py_DECREF(res);
+    return 0;
 }
 
 static int
@@ -2344,6 +2398,7 @@ release_locked(Wrapper *w, Call *c)
     PyObject *who = NULL, *site = NULL, *result = NULL, *clock = NULL, *negclock = NULL;
     PyObject *ret = NULL;
     long long small[SMALL], *bids = small, holder = 0;
+    int mixed = 0;
     Hot h;
     Py_ssize_t n, i;
 
@@ -2440,7 +2495,7 @@ release_locked(Wrapper *w, Call *c)
                 goto error;
             if (!exact)
                 goto careful;
-            ok = holders_ok(&h, bids, n, holder, share);
+            ok = holders_ok(&h, bids, n, holder, share, &mixed);
             if (ok < 0)
                 goto error;
             if (!ok)
@@ -2496,6 +2551,8 @@ release_locked(Wrapper *w, Call *c)
                             goto error;
                     }
                 }
+                if (mixed && holder && tell_holders(h.shared_by, ids, holder) < 0)
+                    goto error;
                 if (record_call(w, s_share_calls, s_blocks_shared, n, clock, ids, site, h.pool,
                                 s_share) < 0)
                     goto error;
@@ -2548,6 +2605,8 @@ release_locked(Wrapper *w, Call *c)
                 }
                 n = dropped;
             }
+            if (PyDict_GET_SIZE(h.holders) && tell_holders(h.released_by, ids, holder) < 0)
+                goto error;
             if (record_call(w, s_free_calls, s_blocks_freed, n, clock, ids, site, h.pool,
                             s_free) < 0)
                 goto error;

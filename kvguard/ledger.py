@@ -83,10 +83,12 @@ class Ledger:
         hand-out while the ledger holds them live is no ``shared-block``, until the allocator
         hands them out again."""
         self.hot = (self.stamp, self.origin, self.freed_at, self.ref, self.uncertain, pool,
-                    self.holder, self.holders, self.leased, ACTIVE_HOLDER)
+                    self.holder, self.holders, self.leased, ACTIVE_HOLDER, self.shared_by,
+                    self.released_by)
         """What the guard's fast path reads and writes, in one tuple (columns grow in place
         and are never replaced, so it stays valid). The last item is the context variable the
-        holder of a call is read from."""
+        holder of a call is read from, then the two methods a fast path calls after committing a
+        share or a release that touched blocks of several holders."""
 
     def __len__(self) -> int:
         return len(self.stamp)
@@ -154,6 +156,13 @@ class Ledger:
         stamp, freed_at, ref = self.stamp, self.freed_at, self.ref
         if self.holders:
             self.drop_holders(ids, holder)
+            if ref is None:  # every one of them is free now
+                for b in ids:
+                    self.holders.pop(b, None)
+            else:
+                for b in ids:
+                    if ref[b] <= 1:
+                        self.holders.pop(b, None)
         if ref is None:
             for b in ids:
                 stamp[b] = -clock
@@ -191,6 +200,31 @@ class Ledger:
                     holders[b] = {first: max(ref[b], 1), holder: 1}
             if ref is not None:
                 ref[b] += 1
+
+    def shared_by(self, ids, holder: int) -> None:
+        """After a fast path shared live ``ids`` for ``holder`` (references already counted):
+        each block another holder holds gets ``holder`` beside it in ``holders``."""
+        held_by, holders, ref = self.holder, self.holders, self.ref
+        for b in ids:
+            counts = holders.get(b)
+            if counts is not None:
+                counts[holder] = counts.get(holder, 0) + 1
+                continue
+            first = held_by[b]
+            if first and first != holder and ref is not None:
+                holders[b] = {first: max(ref[b] - 1, 1), holder: 1}
+
+    def released_by(self, ids, holder: int) -> None:
+        """After a fast path released ``ids`` for ``holder``: its reference to blocks of
+        several holders is dropped, and a block now free forgets its holders."""
+        holders, stamp = self.holders, self.stamp
+        for b in ids:
+            if b not in holders:
+                continue
+            if stamp[b] <= 0:
+                del holders[b]
+            else:
+                self.drop_holders((b,), holder)
 
     def drop_holders(self, ids, holder: int) -> None:
         """A release of ``ids`` by ``holder`` (0: unknown) drops its reference from blocks with

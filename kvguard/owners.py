@@ -65,6 +65,7 @@ class _Owners:
 OWNERS = _Owners()
 """One table per process: ``OWNERS.labels[n]`` is label number ``n``, ``OWNERS.index`` the
 reverse."""
+_INDEX = OWNERS.index
 
 
 class owner:
@@ -103,11 +104,27 @@ class labelled(owner):
     _sets_holder = False
 
 
-class holding(owner):
+class holding:
     """``owner`` for the holder alone: what the engines' adapters set at the request boundary
-    (``holding(request.request_id)``), leaving the label (a test's node id) in place."""
+    (``holding(request.request_id)``), leaving the label (a test's node id) in place. Entered
+    once per request per engine step, so it is kept to one dictionary read and one context
+    variable set."""
 
-    _sets_label = False
+    __slots__ = ("_index", "_token")
+
+    def __init__(self, label) -> None:
+        try:
+            index = _INDEX.get(label)
+        except TypeError:  # unhashable: interned by its repr
+            index = None
+        self._index = index or OWNERS.intern(label)
+
+    def __enter__(self):
+        self._token = ACTIVE_HOLDER.set(self._index)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        ACTIVE_HOLDER.reset(self._token)
 
 
 def current_holder() -> object:

@@ -159,7 +159,7 @@ def wrap_release(guard, original, method, param, share):
                     hot = None
                 if hot is not None:
                     (stamp, origin, freed_at, ref, uncertain, pool, held_by, holders, _,
-                     holder_var) = hot
+                     holder_var, shared_by, released_by) = hot
                     n = len(ids)
                     if n == 1:  # one id per call is common: no loop, no set
                         b = ids[0]
@@ -180,15 +180,24 @@ def wrap_release(guard, original, method, param, share):
                                 ok = False
                                 break
                     h = holder_var.get()
+                    mixed = False
                     if ok and (h or holders):
-                        # [owners] A block of several holders, or one another holder holds
-                        # (for a share: a live one), is the careful path's: it keeps the
-                        # counts, and names a stale free.
+                        # [owners] A release of a block the holder does not hold is the
+                        # careful path's (a stale free). Blocks of several holders, and a
+                        # live block another holder holds taken by a share, are kept in
+                        # ``holders`` after the commit.
                         for b in ids:
-                            if b in holders or h and held_by[b] not in (0, h) and (
-                                    not share or stamp[b] > 0):
-                                ok = False
-                                break
+                            counts = holders.get(b) if holders else None
+                            if counts is not None:
+                                if h and not share and h not in counts:
+                                    ok = False
+                                    break
+                                mixed = True
+                            elif h and held_by[b] not in (0, h):
+                                if not share:
+                                    ok = False
+                                    break
+                                mixed = mixed or stamp[b] > 0
                     if ok:
                         who = owner_var() if share else 0
                         try:
@@ -206,6 +215,8 @@ def wrap_release(guard, original, method, param, share):
                             if ref is not None:
                                 for b in ids:
                                     ref[b] += 1
+                            if mixed and h:
+                                shared_by(ids, h)
                             stats.share_calls += 1
                             stats.blocks_shared += n
                             if history is not None:
@@ -235,6 +246,8 @@ def wrap_release(guard, original, method, param, share):
                                     freed_at[b] = site
                                     dropped += 1
                             n = dropped
+                        if holders:
+                            released_by(ids, h)
                         stats.free_calls += 1
                         stats.blocks_freed += n
                         if history is not None:
@@ -284,7 +297,7 @@ def wrap_alloc(guard, original):
                     hot = None
                 if hot is not None:
                     stamp, origin, _, ref, uncertain, pool, held_by, holders, leased, \
-                        holder_var = hot
+                        holder_var, _, _ = hot
                     n = len(ids)
                     if n == 1:
                         b = ids[0]

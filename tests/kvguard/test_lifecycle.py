@@ -366,3 +366,47 @@ def test_reports_and_records_carry_the_holders(quiet_kvguard_log):
     from kvguard.staging import records
     schema = records.schema(1)
     jsonschema.validate(d, {"$defs": schema["$defs"], "$ref": "#/$defs/violation_report"})
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["alloc", "take", "release", "stale"]),
+                          st.integers(0, 2), st.integers(0, 5)), max_size=50),
+       st.sampled_from(three_ways()))
+def test_refcounted_holders_follow_a_model(ops, way):
+    """Model: each holder's references per block (a multiset). A release by a holder of a live
+    block it holds no reference to, while another holder does, is stale and changes nothing;
+    every other call is fine. The fast paths keep the several-holder blocks in step."""
+    accel, fast = way
+    with use_wrappers(accel):
+        pool = RefPool(6)
+        g = kvguard.guard(pool, REF_SPEC, fast_path=fast)
+        refs = {0: {}, 1: {}, 2: {}}          # holder -> {block: references}
+        expected = 0
+        for op, who, pick in ops:
+            mine = refs[who]
+            live = sorted({b for r in refs.values() for b in r})
+            with kvguard.owner(f"h{who}"):
+                if op == "alloc" and pool.free_list:
+                    (b,) = pool.allocate(1)
+                    mine[b] = 1
+                elif op == "take" and live:
+                    b = live[pick % len(live)]
+                    pool.take([b])
+                    mine[b] = mine.get(b, 0) + 1
+                elif op == "release" and mine:
+                    b = sorted(mine)[pick % len(mine)]
+                    pool.release([b])
+                    mine[b] -= 1
+                    if not mine[b]:
+                        del mine[b]
+                elif op == "stale":
+                    others = [b for h, r in refs.items() if h != who for b in r if b not in mine]
+                    if others:
+                        expected += 1
+                        with pytest.raises(kvguard.StaleFreeError):
+                            pool.release([others[pick % len(others)]])
+        assert g.stats.violations.get("stale-free", 0) == expected
+        live = {b for r in refs.values() for b in r}
+        assert set(g.live) == live
+        assert all(g.live[b].refcount == sum(r.get(b, 0) for r in refs.values()) for b in live)
+        assert all(pool.refs[b] == sum(r.get(b, 0) for r in refs.values()) for b in range(6))

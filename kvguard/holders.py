@@ -1,0 +1,105 @@
+"""The ledger's books of holders: which requests hold references to a block.
+
+One holder per block sits in the ledger's ``holder`` column; a refcounted block that several
+holders reference (a prefix hit, a fork) is kept in the sparse ``holders`` map, holder ->
+references, which is empty, and costs nothing, the rest of the time. These are the exact, slower
+operations on them; the guard's fast paths read the column and the map inline and call
+``shared_by`` / ``released_by`` after committing a call that touched the map.
+"""
+
+from __future__ import annotations
+
+from .owners import OWNERS
+
+
+class HolderBooks:
+    """What ``Ledger`` knows of holders (it provides ``holder``, ``holders``, ``stamp``,
+    ``ref``)."""
+
+    def shared_by(self, ids, holder: int) -> None:
+        """After a fast path shared live ``ids`` for ``holder`` (references already counted):
+        each block another holder holds gets ``holder`` beside it in ``holders``."""
+        held_by, holders, ref = self.holder, self.holders, self.ref
+        for b in ids:
+            counts = holders.get(b)
+            if counts is not None:
+                counts[holder] = counts.get(holder, 0) + 1
+                continue
+            first = held_by[b]
+            if first and first != holder and ref is not None:
+                holders[b] = {first: max(ref[b] - 1, 1), holder: 1}
+
+    def released_by(self, ids, holder: int) -> None:
+        """After a fast path released ``ids`` for ``holder``: its reference to blocks of
+        several holders is dropped, and a block now free forgets its holders."""
+        holders, stamp = self.holders, self.stamp
+        for b in ids:
+            if b not in holders:
+                continue
+            if stamp[b] <= 0:
+                del holders[b]
+            else:
+                self.drop_holders((b,), holder)
+
+    def drop_holders(self, ids, holder: int) -> None:
+        """A release of ``ids`` by ``holder`` (0: unknown) drops its reference from blocks with
+        several holders; a block left with one holder goes back to the ``holder`` column."""
+        holders, held_by = self.holders, self.holder
+        for b in ids:
+            counts = holders.get(b)
+            if counts is None:
+                continue
+            left = counts.get(holder, 0) - 1
+            if left > 0:
+                counts[holder] = left
+            else:
+                counts.pop(holder, None)
+            if len(counts) <= 1:
+                del holders[b]
+                if counts:
+                    held_by[b] = next(iter(counts))
+
+    def add_holder(self, ids, holder: int) -> None:
+        """``holder`` took a reference to live ``ids`` above the allocator (an engine that
+        shares blocks between requests in its own books, as Hugging Face's ``BlockLedger``)."""
+        held_by, holders, stamp = self.holder, self.holders, self.stamp
+        for b in ids:
+            if not 0 <= b < len(stamp) or stamp[b] <= 0:
+                continue
+            counts = holders.get(b)
+            if counts is not None:
+                counts[holder] = counts.get(holder, 0) + 1
+            elif not held_by[b]:
+                held_by[b] = holder
+            elif held_by[b] != holder:
+                holders[b] = {held_by[b]: 1, holder: 1}
+
+    def drop_holder(self, ids, holder: int) -> None:
+        """``holder``'s reference to live ``ids`` ended above the allocator (the block stays
+        out of the pool, cached or held by others): it no longer holds them."""
+        held_by, holders, stamp = self.holder, self.holders, self.stamp
+        for b in ids:
+            if not 0 <= b < len(stamp) or stamp[b] <= 0:
+                continue
+            if b in holders:
+                self.drop_holders([b], holder)
+            elif held_by[b] == holder:
+                held_by[b] = 0
+
+    def holds(self, b: int, holder: int) -> bool:
+        """Whether ``holder`` may release block ``b``: it holds a reference, or the block's
+        holders are not known (no holder recorded, or none active)."""
+        if not holder:
+            return True
+        counts = self.holders.get(b)
+        if counts is not None:
+            return holder in counts
+        first = self.holder[b]
+        return not first or first == holder
+
+    def holder_of(self, b: int) -> object:
+        """The label of the holder of ``b`` (the first of several), None when not known."""
+        counts = self.holders.get(b)
+        index = next(iter(counts)) if counts else self.holder[b]
+        return OWNERS.labels[index]
+

@@ -26,7 +26,7 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass
 
-from .holders import HolderBooks
+from .holderbooks import HolderBooks
 from .owners import ACTIVE_HOLDER, OWNERS
 from .stacks import SITES
 from .violation import BlockHistory

@@ -12,11 +12,12 @@ from .deepspeed import SPECS as _DEEPSPEED
 from .huggingface import BOUNDARIES as _HUGGINGFACE_BOUNDARIES
 from .huggingface import SPECS as _HUGGINGFACE
 from .lmcache import SPECS as _LMCACHE
+from .sglang import BOUNDARIES as _SGLANG_BOUNDARIES
 from .sglang import SPECS as _SGLANG
 from .vllm import BOUNDARIES as _VLLM_BOUNDARIES
 from .vllm import SPECS as _VLLM
 
 BUILTIN_SPECS = {**_DEEPSPEED, **_VLLM, **_SGLANG, **_HUGGINGFACE, **_LMCACHE}
 
-BUILTIN_BOUNDARIES = {**_VLLM_BOUNDARIES, **_HUGGINGFACE_BOUNDARIES}
+BUILTIN_BOUNDARIES = {**_VLLM_BOUNDARIES, **_HUGGINGFACE_BOUNDARIES, **_SGLANG_BOUNDARIES}
 """The engines' request and step boundaries (``kvguard.boundaries``), by dotted class name."""

@@ -31,6 +31,9 @@ padding). ``clear()`` returns everything on all three.
 
 from __future__ import annotations
 
+import functools
+
+from ..marks import guard_of
 from ..spec import AllocatorSpec
 from .methods import adapter, allocating, checking, resetting, resizing, settled
 
@@ -114,4 +117,42 @@ SPECS = {
         live_ids=lambda p: sorted(set(range(1, p.size + 1)).difference(p.free_slots)),
         adapter=adapter(resetting("clear")),
     ),
+}
+
+
+# --- the request lifecycle around the row pool (kvguard.boundaries) --------------------------
+#
+# ``ReqToTokenPool.alloc(reqs)`` gives each request of a batch a row (``req.kv.req_pool_idx``)
+# through ``alloc_rows``; ``free(req)`` gives its row back through ``free_rows``. Each row's
+# holder is its request's ``rid``: after ``alloc`` every request holds its row, and ``free``
+# runs as the request, so a late ``free(req)`` of an aborted request whose row index was kept
+# (the overlap loop's result processed after the abort freed it) is a ``stale-free`` once the
+# row went to another request.
+
+
+def _pool_guard(pool):
+    return guard_of(pool)
+
+
+def _rows_held(original):
+    @functools.wraps(original)
+    def alloc(self, reqs, *args, **kwargs):
+        rows = original(self, reqs, *args, **kwargs)
+        guard = _pool_guard(self)
+        if guard is not None and rows is not None:
+            for req, row in zip(reqs, rows):
+                rid = getattr(req, "rid", None)
+                if rid is not None and row is not None:
+                    guard.add_holder([row], rid)
+        return rows
+    return alloc
+
+
+def _request_rid(args, kwargs):
+    req = args[0] if args else kwargs.get("req")
+    return getattr(req, "rid", None)
+
+
+BOUNDARIES = {
+    REQ_TO_TOKEN_POOL: {"alloc": ("around", _rows_held), "free": _request_rid},
 }

@@ -490,3 +490,44 @@ def test_without_stepping_aside_the_guard_raises_first(sg, monkeypatch):
     with pytest.raises(kvguard.DoubleFreeError):
         a.free(out)
     assert (a.free_pages.tolist(), a.available_size()) == before
+
+
+class _KV:
+    """What ``ReqToTokenPool`` reads of a request's ``kv`` record (a small stand-in for SGLang's
+    ``Req``, whose module imports the scheduler's world)."""
+
+    def __init__(self):
+        self.req_pool_idx = None
+        self.kv_allocated_len = 0
+
+    @property
+    def holds_kv(self):
+        return self.req_pool_idx is not None
+
+
+def _req(rid):
+    import types
+    return types.SimpleNamespace(rid=rid, kv=_KV())
+
+
+def test_a_late_free_of_an_aborted_requests_row_is_stale(sg):
+    """The overlap loop's shape: an abort frees R's row while R's batch is in flight; Q is given
+    the same row; R's late result frees it again (with the row index R kept)."""
+    kvguard.instrument()
+    try:
+        pool = sg.ReqToTokenPool(size=1, max_context_len=8, device="cpu",
+                                 enable_memory_saver=False)
+        g = kvguard.guard_of(pool)
+        r, q = _req("R"), _req("Q")
+        (row,) = pool.alloc([r])
+        kept = r.kv.req_pool_idx
+        pool.free(r)                            # the abort
+        assert pool.alloc([q]) == [row]         # Q is handed R's row
+        r.kv.req_pool_idx = kept                # R's in-flight result still names it
+        with pytest.raises(kvguard.StaleFreeError):
+            pool.free(r)
+        assert pool.free_slots == [] and g.live[row].holder == "Q"
+        pool.free(q)
+        assert [v.kind for v in g.violations] == ["stale-free"] and g.live == {}
+    finally:
+        kvguard.uninstrument()

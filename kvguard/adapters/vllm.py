@@ -107,7 +107,10 @@ SPECS = {
 # The ``Scheduler``'s steps are leased: ``schedule()`` returns what a step will use (the blocks
 # of every scheduled request), ``update_from_output(output, ...)`` ends it. A preemption drops
 # the request's part of the steps in flight (its stale output is never written back into its
-# blocks as its own), so its blocks may be reused at once, as vLLM does.
+# blocks as its own), and so does a finish or an abort (``_free_request``): with no KV
+# connector, every writer of a block is ordered after the steps in flight, so the blocks may be
+# reused at once, as vLLM does. With a connector its loads race the steps in flight (the hazard
+# vLLM's deferred block free closes), and the lease holds until the steps are processed.
 
 KV_CACHE_MANAGER = "vllm.v1.core.kv_cache_manager.KVCacheManager"
 SCHEDULER = "vllm.v1.core.sched.scheduler.Scheduler"
@@ -153,10 +156,30 @@ def _processed(scheduler, args, kwargs) -> None:
         guard.end_step(("vllm step", id(output)))
 
 
-def _preempted(scheduler, args, kwargs) -> None:
+def _in_stream_only(scheduler) -> bool:
+    """Whether everything that writes a block is ordered after the steps in flight. The model
+    runner's steps run one after another, so a block a step in flight still writes may go to a
+    request of a later step. A consumer KV connector fills blocks by loads that are not ordered
+    against a step in flight when batches overlap (async scheduling or pipeline parallelism on
+    a GPU): then a finished or preempted request's blocks must stay out of the pool until the
+    steps using them are processed, which is the lease. (vLLM's own reading of this is its
+    ``defer_block_free``; it is worked out here from the configuration, not read from it.)"""
+    if getattr(scheduler, "connector", None) is None:
+        return True
+    config = getattr(scheduler, "vllm_config", None)
+    transfer = getattr(config, "kv_transfer_config", None)
+    overlapping = getattr(config, "max_concurrent_batches", 1) > 1
+    return not (overlapping and getattr(transfer, "is_kv_consumer", False))
+
+
+def _dropped(scheduler, args, kwargs) -> None:
+    """A preemption, a finish or an abort: the request's part of the steps in flight will not
+    be used (its stale output is dropped or overwritten in order), so on an engine whose writers
+    are all ordered by the step stream its blocks may be reused at once, as vLLM 0.33.0 reuses
+    them within the same ``schedule()``."""
     request = args[0] if args else kwargs.get("request")
     guard = _pool_guard(scheduler)
-    if guard is not None and request is not None:
+    if guard is not None and request is not None and _in_stream_only(scheduler):
         guard.void_in_flight(request.request_id)
 
 
@@ -168,6 +191,7 @@ BOUNDARIES = {
     SCHEDULER: {
         "schedule": ("begin", _scheduled),
         "update_from_output": ("end", _processed),
-        "_preempt_request": ("end", _preempted),
+        "_preempt_request": ("end", _dropped),
+        "_free_request": ("end", _dropped),
     },
 }

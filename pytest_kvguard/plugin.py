@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 
+from .ini import add_settings
 from .markers import MARKER_HELP
 from .options import LEAKS, MODES, STACKS, Settings
 
@@ -42,15 +43,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "whole report; full: the whole report (default); PATH: also write "
                          "every violation (with its test) and the counters per allocator "
                          "class to PATH as JSON. Give it twice for a style and a PATH")
-    parser.addini("kvguard", "switch kvguard on (like -p kvguard)", type="bool", default=False)
-    parser.addini("kvguard_mode", "default of --kvguard-mode", default="raise")
-    parser.addini("kvguard_stacks", "default of --kvguard-stacks", default="cheap")
-    parser.addini("kvguard_leaks", "default of --kvguard-leaks", default="summary")
-    parser.addini("kvguard_report", "default of --kvguard-report (short, full and a PATH, "
-                  "space separated)", default="")
-    parser.addini("kvguard_allocators", "allocator classes to guard, one per line: "
-                  "'package.module:Class' then AllocatorSpec keywords as key=value",
-                  type="linelist", default=[])
+    add_settings(parser)  # also by the kvguard-ini entry point; adding twice is harmless
 
 
 def switched_on(config: pytest.Config) -> bool:

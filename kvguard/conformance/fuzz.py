@@ -12,6 +12,7 @@ spec, or ``--spec module.NAME``. Exit status: 0 every promised clause kept, 1 a 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -175,6 +176,9 @@ def resolve(dotted: str) -> type:
 def imported(dotted: str, command: str, what: str | None = None):
     """``resolve(dotted)``, or the one-line ``kvguard COMMAND`` error that names ``what``."""
     from ..cli import UsageError
+    here = os.getcwd()
+    if "" not in sys.path and here not in sys.path:
+        sys.path.insert(0, here)  # the project's own modules, as ``python -m`` finds them
     try:
         return resolve(dotted)
     except (ImportError, AttributeError, ValueError) as exc:

@@ -1,9 +1,13 @@
 """The command line and the import-cost contract, run as a user would: in subprocesses."""
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run(*args, **kwargs):
@@ -76,3 +80,29 @@ def test_the_demo_ends_with_what_to_try_next():
     assert commands[:3] == ["pytest -p kvguard", "kvguard lint src/",
                             "kvguard run -- python serve.py"]
     assert "docs/reference.md" in tail[-1]
+
+
+def test_fuzz_imports_the_projects_own_module_from_the_working_directory(tmp_path):
+    """``kvguard fuzz mypool.Pool`` in the project's directory finds ``mypool.py`` there, as
+    ``python -m`` would: the console script's own directory is what Python puts on its path."""
+    project, bin_dir = tmp_path / "project", tmp_path / "bin"
+    project.mkdir()
+    bin_dir.mkdir()
+    (project / "mypool.py").write_text(
+        "class Pool:\n"
+        "    def __init__(self, n):\n        self.free_ids = list(range(n))\n"
+        "    def allocate(self, n):\n"
+        "        out, self.free_ids = self.free_ids[:n], self.free_ids[n:]\n        return out\n"
+        "    def free(self, ids):\n        self.free_ids.extend(ids)\n"
+        "    def count(self):\n        return len(self.free_ids)\n")
+    (project / "specs.py").write_text("import kvguard\n"
+                                      "SPEC = kvguard.AllocatorSpec(free_count='count')\n")
+    (bin_dir / "kvguard").write_text("import sys\nfrom kvguard.cli import main\n"
+                                      "sys.exit(main())\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, str(bin_dir / "kvguard"), "fuzz", "mypool.Pool",
+                          "--factory", "cls(8)", "--spec", "specs.SPEC", "--clause", "duplicate-id",
+                          "--examples", "5"],
+                         cwd=project, env=env, capture_output=True, text=True, timeout=120)
+    assert "cannot import" not in out.stderr, out.stderr
+    assert out.returncode == 1 and "duplicate-id" in out.stdout, out.stdout + out.stderr

@@ -58,6 +58,17 @@ def test_p_no_kvguard_wins_over_the_ini_switch(suite):
     result.assert_outcomes(passed=2)
 
 
+def test_p_no_kvguard_leaves_the_ini_settings_known(suite):
+    """A project's kvguard settings stay known with the plugin off: no ``Unknown config
+    option`` warning, and ``--strict-config`` passes."""
+    suite.makeini("[pytest]\nkvguard = true\nkvguard_mode = log\n"
+                  "kvguard_allocators =\n    mypool:BlockPool free=put\n")
+    write(suite, SWALLOWED + DORMANT_CHECKS)
+    result = suite.runpytest("-p", "no:kvguard", "--strict-config")
+    result.assert_outcomes(passed=2)
+    assert "Unknown config option" not in result.stdout.str() + result.stderr.str()
+
+
 def test_the_marker_is_known_while_dormant(suite):
     write(suite, """
         import pytest

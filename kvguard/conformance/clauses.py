@@ -110,6 +110,10 @@ class Driver:
     free_count: Callable[[Any], int] | None = None
     reserved: tuple = ()
     source: dict = field(default_factory=dict)
+    release: Callable[[Any, Any], Any] | None = None
+    """The engine's own reference-count release of one block object, which frees it at zero
+    (LMCache's ``obj.ref_count_down()``): a second path to a double free, probed beside
+    ``free`` (``source['release']``, with ``{obj}``)."""
     refcount: Callable[[Any, int], int] | None = None
     """A block's reference count as the pool keeps it (refcounted pools): a count gone
     negative is the harm a release past zero does, before anything else shows it."""
@@ -153,6 +157,8 @@ class Step:
     """The ids a probe that is accepted must free (None: it must be rejected)."""
     free_before: int | None = None
     free_after: int | None = None
+    via_release: bool = False
+    """Made through ``Driver.release`` on the one block object, not through ``free``."""
     mutate_to: int | None = None
     """A tensor probe: the value the caller's tensor is overwritten with after the call."""
     expect_live: list = field(default_factory=list)

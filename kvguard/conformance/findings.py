@@ -43,7 +43,8 @@ def describe(run: Run) -> list:
             shown = f"{s.form} {s.ids}"
         tail = f"; the caller then overwrites its tensor with {s.mutate_to}" \
             if s.mutate_to is not None else ""
-        call = writer.call("free" if s.op in PROBES else s.op, shown)
+        call = writer.call("free" if s.op in PROBES else s.op, shown) if not s.via_release \
+            else writer.source["release"].format(obj=writer.item(s.value))
         calls.append(f"{call} -> {s.outcome}{tail}{label}")
     return calls
 

@@ -126,11 +126,12 @@ TARGETS = {
             "[torch.Size((2, 1, 4, 8))], [torch.float16], MemoryFormat.KV_2LTD)",
             driver=Driver(
                 allocate=_lmcache_allocate, free=lambda a, objs: a.batched_free(objs),
-                block=_page,
+                block=_page, release=lambda a, obj: obj.ref_count_down(),
                 source={"allocate": "{a}.batched_allocate(torch.Size((2, 1, 4, 8)), "
                         "torch.float16, {n})", "free": "{a}.batched_free({ids})",
                         "block": "next(o for o in {a}.free_blocks if o.meta.address == {id})",
                         "free_count": "len({a}.free_blocks)",
+                        "release": "{obj}.ref_count_down()",
                         "imports": ["import torch", "from lmcache.v1.memory_management import "
                                     "MemoryFormat"]}),
             note="8 pages; batched_allocate/batched_free"),

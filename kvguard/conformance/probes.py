@@ -61,25 +61,30 @@ def _probe_repeat_releases(run, ids, twice, variant) -> None:
     run.probe("duplicate-id", ids, value, form, effect=ids)
 
 
-def _probe_dead(run, clause: str, picks) -> None:
+def _probe_dead(run, clause: str, picks, variant=0) -> None:
+    """Free a block already freed: through ``free``, or (half the variants, where the pool has
+    one) through its own reference-count release of the block object."""
     dead = _some_dead(run)
     if not dead:
         return
     b = dead[picks[0] % len(dead)] if picks else dead[0]
+    if variant % 2 == 1 and run.driver.release is not None and b in run.objects:
+        run.probe(clause, [b], run.objects[b], "release", via_release=True)
+        return
     ids = _companions(run, picks[1:]) + [b]
     value, form = run.as_passed(ids)
     run.probe(clause, ids, value, form)
 
 
 def _probe_double_free(run, picks, variant=0) -> None:
-    _probe_dead(run, "double-free", picks)
+    _probe_dead(run, "double-free", picks, variant)
 
 
 def _probe_past_zero(run, picks, variant=0) -> None:
     """A release of a block at zero references: one already released, or (half the
     variants) a live block named once more than it has references."""
     if variant % 2 == 0:
-        _probe_dead(run, "release-past-zero", picks)
+        _probe_dead(run, "release-past-zero", picks, 0)
         return
     live = _some_live(run)
     if not live:

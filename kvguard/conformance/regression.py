@@ -131,6 +131,8 @@ class Writer:
             return f"(b for b in {inner})"
         if form == "bool":
             return repr(v)
+        if form == "release":
+            return self.item(v)
         text = "[" + ", ".join(self.item(x) for x in v) + "]"
         if "plain_ids" in self.source and all(type(x) is int for x in v):
             return self.source["plain_ids"].format(ids=text)
@@ -246,7 +248,8 @@ class Writer:
             self.tensors += 1
             name = f"t{self.tensors}" if self.tensors > 1 else "t"
         self.emit(f"{name} = {value}")
-        call = self.call("free", name)
+        call = self.source["release"].format(obj=name) if step.via_release \
+            else self.call("free", name)
         count = self.free_count()
         if step.rejected:
             self.imports.add("import pytest")

@@ -335,7 +335,7 @@ class Run:
         return out
 
     def probe(self, clause: str, ids: list, value, form: str, *, effect=None,
-              mutate_to=None, intent=None) -> None:
+              mutate_to=None, intent=None, via_release=False) -> None:
         """Make one bad call. ``effect``: the ids it frees if the allocator accepts it and
         handles it correctly (None: it must be rejected). ``intent``: what the caller meant
         to free, had a must-reject call been accepted (default: ``intended(ids)``)."""
@@ -344,11 +344,13 @@ class Run:
         self.clock += 1
         self.made += 1
         step = self._record(Step(clause, list(ids), value, form, effect=effect,
-                                 must_reject=effect is None, mutate_to=mutate_to))
+                                 must_reject=effect is None, mutate_to=mutate_to,
+                                 via_release=via_release))
         before = step.free_before = self.read_free()
         counts = self.refcounts(ids)
         try:
-            result = self._free_call(value)
+            result = self.driver.release(self.allocator, value) if via_release \
+                else self._free_call(value)
         except Exception as exc:
             step.outcome = f"raised {exc!r}"
             step.rejected = True

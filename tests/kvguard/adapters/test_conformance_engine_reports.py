@@ -82,3 +82,6 @@ def test_lmcache_is_one_bug_the_unchecked_free_list():
     (finding,) = report.findings
     assert {finding.clause, *finding.same_bug} >= {"double-free", "duplicate-id"}
     assert "two owners" in finding.harm, report.render()
+    # reached through the page's own reference count too: batched_free, then ref_count_down()
+    assert any(".ref_count_down() -> returned None  <- the double-free call" in c
+               for c in finding.calls), report.render()

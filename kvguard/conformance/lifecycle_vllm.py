@@ -127,13 +127,14 @@ def vllm_output(output, eos, partial, loaded=()):
 
 def vllm_loads(scheduler, loads):
     """Add the requests whose asynchronous KV load began (``WAITING_FOR_REMOTE_KVS``) to
-    ``loads`` (request id -> the blocks the load writes); returns the loads in flight now, which
-    the step's output reports done."""
+    ``loads`` (request id -> the blocks the load writes; None once reported done: a request
+    still waiting after its load finished has no second load); returns the loads in flight now,
+    which the step's output reports done."""
     from vllm.v1.request import RequestStatus
     for rid, request in scheduler.requests.items():
         if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS and rid not in loads:
             loads[rid] = [b for b in vllm_tables(scheduler).get(rid, [])]
-    return set(loads)
+    return {rid for rid, ids in loads.items() if ids is not None}
 
 
 def vllm_tables(scheduler):
@@ -284,10 +285,10 @@ class VllmDriver(LifecycleDriver):
         output, partial, loaded = handle
         self.engine.update_from_output(output, vllm_output(output, eos, partial, loaded))
         for rid in loaded:
-            self.loads.pop(rid, None)
+            self.loads[rid] = None
 
     def transfers(self):
-        return self.loads
+        return {rid: ids for rid, ids in self.loads.items() if ids is not None}
 
     def abort(self, rid):
         from vllm.v1.request import RequestStatus
@@ -317,7 +318,7 @@ class VllmDriver(LifecycleDriver):
     helpers = (vllm_make, vllm_request, vllm_partial, vllm_output, vllm_loads, vllm_tables,
                vllm_refcount, vllm_generation, vllm_reads, vllm_held)
     setup_source = ("loads = {}",)
-    transfers_source = "loads"
+    transfers_source = "{rid: ids for rid, ids in loads.items() if ids is not None}"
 
     def make_source(self) -> str:
         return f"vllm_make({self.options!r})"
@@ -345,4 +346,4 @@ class VllmDriver(LifecycleDriver):
         return f"p{step}, l{step} = vllm_partial(engine, s{step}), vllm_loads(engine, loads)"
 
     def process_extra(self, step: int) -> str:
-        return f"loads = {{rid: ids for rid, ids in loads.items() if rid not in l{step}}}"
+        return f"loads.update(dict.fromkeys(l{step}))"

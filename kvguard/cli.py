@@ -10,6 +10,7 @@ import argparse
 import importlib
 import os
 import sys
+import textwrap
 
 COMMANDS = {
     "demo": ("kvguard.cli", "demo_command", "replay the DeepSpeed seed bug unguarded, then guarded"),
@@ -41,8 +42,29 @@ class UsageError(Exception):
     """A command-line mistake: reported as one line, exit status 2."""
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's help with paragraphs kept (a blank line in a description or an epilog starts
+    a new one) and words never broken: a dotted class name stays whole on one line."""
+
+    def _fill_text(self, text, width, indent):
+        return "\n\n".join(
+            textwrap.fill(" ".join(part.split()), width, initial_indent=indent,
+                          subsequent_indent=indent, break_long_words=False,
+                          break_on_hyphens=False)
+            for part in text.split("\n\n") if part.strip())
+
+    def _split_lines(self, text, width):
+        return textwrap.wrap(" ".join(text.split()), width, break_long_words=False,
+                             break_on_hyphens=False)
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse, but a mistake is one line on stderr rather than usage text plus a line."""
+    """argparse, but a mistake is one line on stderr rather than usage text plus a line, and
+    the help keeps its paragraphs (``HelpFormatter``)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
         raise UsageError(f"{self.prog}: error: {message}")

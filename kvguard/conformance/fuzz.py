@@ -295,7 +295,8 @@ def _parser():
         "Fuzz an allocator class against the allocator contract (driven unguarded, judged by "
         "kvguard's ledger) and report every bug it finds, one finding per bug, with a shrunk "
         "call sequence, the harm it does and a regression test that fails on the class as it "
-        f"is. Built-in factories: {', '.join(TARGETS)}."))
+        "is.\n\nBuilt-in factories (the engines' allocator classes): "
+        f"{', '.join(TARGETS)}."))
     parser.add_argument("name", metavar="DOTTED.NAME", help="the allocator class, "
                         "package.module.Class")
     parser.add_argument("--factory", metavar="EXPR", help="a Python expression that builds a "

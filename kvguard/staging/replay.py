@@ -270,7 +270,8 @@ def replay_command(argv) -> int:
         "gzipped or rotated, or one "
         "Violation.to_dict()) against a model allocator, and show where the allocator's state "
         "first went wrong."))
-    parser.add_argument("file", metavar="FILE")
+    parser.add_argument("file", metavar="FILE", help="a staging log (kvguard-PID.jsonl, "
+                        "gzipped or rotated too) or a file holding one Violation.to_dict()")
     parser.add_argument("--guard", metavar="NAME", help="the allocator instance (its guard's "
                         "name, as reports show it); default: the first one reported")
     parser.add_argument("--pid", type=int, help="only reports from this process")

@@ -23,7 +23,8 @@ def run_command(argv) -> int:
         "Run COMMAND with kvguard staging on (KVGUARD=1): every registered allocator in every "
         "Python process it starts is guarded, and each process appends its violations as JSON "
         "lines under --log. Then: kvguard report DIR."),
-        epilog="environment variables: " + "; ".join(f"{k}: {v}" for k, v in VARIABLES.items()))
+        epilog="Environment variables (the options above set some of them):\n\n"
+               + "\n\n".join(f"{k}: {v}" for k, v in VARIABLES.items()))
     parser.add_argument("--mode", choices=MODES, default=None,
                         help="log (default): record and forward; repair: forward a sanitized "
                              "call; raise: reject the bad call")

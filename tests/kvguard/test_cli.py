@@ -106,3 +106,21 @@ def test_fuzz_imports_the_projects_own_module_from_the_working_directory(tmp_pat
                          cwd=project, env=env, capture_output=True, text=True, timeout=120)
     assert "cannot import" not in out.stderr, out.stderr
     assert out.returncode == 1 and "duplicate-id" in out.stdout, out.stdout + out.stderr
+
+
+def test_help_keeps_names_whole_and_paragraphs_apart():
+    """``kvguard fuzz --help`` breaks no dotted class name across lines, ``kvguard run --help``
+    gives each environment variable a paragraph of its own (it was one 25-line paragraph), and
+    ``kvguard replay --help`` says what FILE is."""
+    from kvguard.conformance.fuzz import TARGETS
+    from kvguard.staging import VARIABLES
+    env = {**os.environ, "COLUMNS": "80"}
+    fuzz = run("-m", "kvguard", "fuzz", "--help", env=env).stdout
+    words = set(fuzz.replace(",", " ").replace(".\n", " ").split())
+    assert all(name in words or name + "." in words for name in TARGETS), fuzz
+    staged = run("-m", "kvguard", "run", "--help", env=env).stdout
+    paragraphs = staged.split("\n\n")
+    for name in VARIABLES:
+        assert any(p.startswith(f"{name}: ") for p in paragraphs), name
+    replay = run("-m", "kvguard", "replay", "--help", env=env).stdout
+    assert "FILE" in replay and "a staging log" in replay

@@ -45,7 +45,7 @@ def context(live: bool = True) -> dict | None:
     if ray is None:
         return None
     if not live and _process:
-        return dict(_process)
+        return {k: v for k, v in _process.items() if v}
     try:
         if not ray.is_initialized():
             return None

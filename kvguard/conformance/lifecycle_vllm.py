@@ -127,14 +127,23 @@ def vllm_output(output, eos, partial, loaded=()):
 
 def vllm_loads(scheduler, loads):
     """Add the requests whose asynchronous KV load began (``WAITING_FOR_REMOTE_KVS``) to
-    ``loads`` (request id -> the blocks the load writes; None once reported done: a request
-    still waiting after its load finished has no second load); returns the loads in flight now,
-    which the step's output reports done."""
+    ``loads`` (request id -> the blocks the load writes; once reported done, the request's
+    preemption count then: only a preempted request starts a second load); returns the loads in
+    flight now, which the step's output reports done."""
     from vllm.v1.request import RequestStatus
     for rid, request in scheduler.requests.items():
-        if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS and rid not in loads:
+        known = loads.get(rid)
+        if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS and (
+                known is None or (type(known) is int and known != request.num_preemptions)):
             loads[rid] = [b for b in vllm_tables(scheduler).get(rid, [])]
-    return {rid for rid, ids in loads.items() if ids is not None}
+    return {rid for rid, ids in loads.items() if type(ids) is list}
+
+
+def vllm_loads_done(scheduler, loads, done):
+    """Mark the loads of ``done`` reported."""
+    for rid in done:
+        request = scheduler.requests.get(rid)
+        loads[rid] = request.num_preemptions if request is not None else -1
 
 
 def vllm_tables(scheduler):
@@ -206,7 +215,7 @@ def prepare() -> None:
         raise FileNotFoundError(f"vLLM's tests/ not found under {root}: run "
                                 "`python benchmarks/upstream/run.py setup` or set "
                                 "KVGUARD_VLLM_TESTS to a vLLM source tree")
-    if str(root) not in sys.path:
+    if sys.path[:1] != [str(root)]:  # first: another project's tests/ package must not win
         sys.path.insert(0, str(root))
     hf = Path(os.environ.get("KVGUARD_ENGINE_CACHE") or "~/.cache/kvguard-engines")
     os.environ.setdefault("HF_HOME", str(hf.expanduser() / "upstream" / "hf"))
@@ -284,11 +293,10 @@ class VllmDriver(LifecycleDriver):
     def process(self, handle, eos):
         output, partial, loaded = handle
         self.engine.update_from_output(output, vllm_output(output, eos, partial, loaded))
-        for rid in loaded:
-            self.loads[rid] = None
+        vllm_loads_done(self.engine, self.loads, loaded)
 
     def transfers(self):
-        return {rid: ids for rid, ids in self.loads.items() if ids is not None}
+        return {rid: ids for rid, ids in self.loads.items() if type(ids) is list}
 
     def abort(self, rid):
         from vllm.v1.request import RequestStatus
@@ -315,10 +323,10 @@ class VllmDriver(LifecycleDriver):
     # --- the regression test -------------------------------------------------------------------
 
     imports = "from vllm.v1.request import RequestStatus"
-    helpers = (vllm_make, vllm_request, vllm_partial, vllm_output, vllm_loads, vllm_tables,
-               vllm_refcount, vllm_generation, vllm_reads, vllm_held)
+    helpers = (vllm_make, vllm_request, vllm_partial, vllm_output, vllm_loads, vllm_loads_done,
+               vllm_tables, vllm_refcount, vllm_generation, vllm_reads, vllm_held)
     setup_source = ("loads = {}",)
-    transfers_source = "{rid: ids for rid, ids in loads.items() if ids is not None}"
+    transfers_source = "{rid: ids for rid, ids in loads.items() if type(ids) is list}"
 
     def make_source(self) -> str:
         return f"vllm_make({self.options!r})"
@@ -346,4 +354,4 @@ class VllmDriver(LifecycleDriver):
         return f"p{step}, l{step} = vllm_partial(engine, s{step}), vllm_loads(engine, loads)"
 
     def process_extra(self, step: int) -> str:
-        return f"loads.update(dict.fromkeys(l{step}))"
+        return f"vllm_loads_done(engine, loads, l{step})"

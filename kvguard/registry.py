@@ -28,7 +28,7 @@ import threading
 
 from . import boundaries
 from .logger import emit
-from .marks import guard_of
+from .marks import ATTR, guard_of
 from .owners import follow_threads, unfollow_threads
 from .spec import AllocatorSpec
 
@@ -279,7 +279,13 @@ def _dispatch(cls: type, name: str) -> None:
     @functools.wraps(func)
     def dispatcher(self, *args, **kwargs):
         if getattr(type(self), name, None) is dispatcher:
-            wrapper = getattr(self, "__dict__", _EMPTY).get(name)
+            own = getattr(self, "__dict__", _EMPTY)
+            wrapper = own.get(name)
+            if wrapper is None and own.get(ATTR) is not None:
+                # a guarded instance without its wrapper (an engine deleted an attribute of
+                # that name): the guard re-installs it and says so
+                own[ATTR].verify()
+                wrapper = own.get(name)
             if getattr(wrapper, "__kvguard__", None) is not None:
                 return wrapper(*args, **kwargs)
         return func(self, *args, **kwargs)

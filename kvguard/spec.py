@@ -3,9 +3,31 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+import re
 from typing import Any, Callable, Union
 
 AttrOrCallable = Union[str, Callable[[Any], Any], None]
+
+_PATTERN = re.compile(r"\s*([A-Za-z_]\w*)\s*(?:\(\s*([A-Za-z_]\w*|\d+)((?:\.[A-Za-z_]\w*)*)"
+                      r"\s*\))?\s*$")
+
+
+class SpecSyntaxError(ValueError):
+    """A spec text that cannot be read; the message names the piece and what was expected."""
+
+
+def parse_pattern(text: str):
+    """``"deallocate(seq.block_table)"`` -> ``("deallocate", "seq", "block_table")``;
+    ``"free_one(b)"`` -> ``("free_one", "b", None)``; ``"free"`` -> ``("free", None, None)``.
+    A position may stand for the parameter name: ``"free(0.pages)"``."""
+    m = _PATTERN.match(text)
+    if m is None:
+        raise SpecSyntaxError(f"{text!r} is not a method pattern: write name, name(arg) or "
+                              "name(arg.attribute.path)")
+    method, arg, path = m.groups()
+    if arg is not None and arg.isdigit():
+        arg = int(arg)
+    return method, arg, (path[1:] if path else None)
 
 
 @dataclass(frozen=True)
@@ -20,6 +42,12 @@ class AllocatorSpec:
     say (more than one allocating or freeing method, deferred frees, a reset): the engine
     adapters in ``kvguard.adapters`` install their extra wrappers through it.
     ``id_attr`` may be a dotted path (``"meta.address"``) when the id sits on a nested object.
+    Method keywords (``alloc``, ``free``, ``share``) also take a pattern that says where the
+    ids are (``kvguard.specgrammar``): ``free="deallocate(seq.block_table)"`` is
+    ``free="deallocate", free_arg="seq", free_ids="block_table"``. See docs/reference.md for
+    ``free_ids``/``share_ids``/``alloc_arg``/``alloc_ids`` (ids carried in an argument),
+    ``alloc_shares`` (an allocation that also takes references), ``refcounts``, ``reset``,
+    ``also_alloc`` and ``also_free``.
     ``refcount_attr``: the block objects of a refcounted pool carry the engine's own reference
     count in this attribute (vLLM's ``ref_cnt``), which the engine may change without calling
     the spec's ``share`` (copy-on-write takes a reference by ``block.ref_cnt += 1``). The guard
@@ -49,11 +77,22 @@ class AllocatorSpec:
     refcount_attr: str | None = None
     adapter: Callable[[Any], Any] | None = None
     owner_arg: int | str | Callable[[tuple, dict], Any] | None = None
+    free_ids: AttrOrCallable = None
+    share_arg: int | str = 0
+    share_ids: AttrOrCallable = None
+    alloc_arg: int | str | None = None
+    alloc_ids: AttrOrCallable = None
+    alloc_shares: bool = False
+    refcounts: AttrOrCallable = None
+    reset: tuple = ()
+    also_alloc: tuple = ()
+    also_free: tuple = ()
 
     def __post_init__(self) -> None:
-        for name in ("free_arg", "pool_arg"):
+        fold_patterns(self)
+        for name in ("free_arg", "pool_arg", "share_arg", "alloc_arg"):
             value = getattr(self, name)
-            if value is None and name == "pool_arg":
+            if value is None and name != "free_arg":
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, str)):
                 raise TypeError(f"AllocatorSpec.{name} must be a position or a parameter name, "
@@ -82,9 +121,28 @@ class AllocatorSpec:
                 or isinstance(owner, int) and owner < 0):
             raise TypeError("AllocatorSpec.owner_arg must be a position, a parameter name or "
                             f"callable(args, kwargs) -> label, not {owner!r}")
+        check_shapes(self)
 
     def methods(self) -> tuple[str, ...]:
         return tuple(m for m in (self.alloc, self.free, self.share) if m)
+
+    def extra_methods(self) -> tuple[str, ...]:
+        """Methods guarded besides ``methods()``: resets and the ``also_*`` ones."""
+        return tuple(self.reset) + tuple(parse_pattern(p)[0]
+                                         for p in self.also_alloc + self.also_free)
+
+    def pattern(self, method: str) -> str | None:
+        """``alloc``/``free``/``share`` as one pattern: ``"deallocate(seq.block_table)"``."""
+        name = getattr(self, method)
+        if name is None:
+            return None
+        arg, ids = {"free": (self.free_arg, self.free_ids), "share": (self.share_arg,
+                    self.share_ids), "alloc": (self.alloc_arg, self.alloc_ids)}[method]
+        if isinstance(ids, str):
+            return f"{name}({arg}.{ids})"
+        if method != "alloc" and arg != 0 and ids is None:
+            return f"{name}({arg})"
+        return name
 
     def replace(self, **changes) -> "AllocatorSpec":
         return replace(self, **changes)
@@ -94,6 +152,67 @@ class AllocatorSpec:
         return tuple(f.name for f in fields(cls))
 
 
+def fold_patterns(spec) -> None:
+    """Method patterns (``free="deallocate(seq.block_table)"``) into their keywords, and the
+    list keywords (a comma-separated string, or a list) into tuples."""
+    keyed = {"free": ("free_arg", "free_ids", 0), "share": ("share_arg", "share_ids", 0),
+             "alloc": ("alloc_arg", "alloc_ids", None)}
+    for method, (arg_key, ids_key, default) in keyed.items():
+        text = getattr(spec, method)
+        if not isinstance(text, str) or "(" not in text:
+            continue
+        name, arg, path = parse_pattern(text)
+        for key, new in ((arg_key, arg), (ids_key, path)):
+            old = getattr(spec, key)
+            if new is None or old == new:
+                continue
+            if old not in (None, default):
+                raise ValueError(f"AllocatorSpec: {method}={text!r} says {key}={new!r}, but "
+                                 f"{key}={old!r} was given too")
+            object.__setattr__(spec, key, new)
+        object.__setattr__(spec, method, name)
+    for key in ("reset", "also_alloc", "also_free"):
+        v = getattr(spec, key)
+        if v is None:
+            v = ()
+        elif isinstance(v, str):
+            v = tuple(p.strip() for p in v.replace(";", ",").split(",") if p.strip())
+        elif isinstance(v, list):
+            v = tuple(v)
+        if not isinstance(v, tuple) or not all(isinstance(p, str) for p in v):
+            raise TypeError(f"AllocatorSpec.{key} takes method names (a string or a tuple of "
+                            f"them), not {v!r}")
+        object.__setattr__(spec, key, v)
+
+
+def check_shapes(spec) -> None:
+    """The keywords of issue-27 shapes, checked together (a clear error, nothing made)."""
+    for key in ("free_ids", "share_ids", "alloc_ids", "refcounts"):
+        v = getattr(spec, key)
+        if v is None or callable(v):
+            continue
+        if not isinstance(v, str) or not all(p.isidentifier() for p in v.split(".")):
+            raise TypeError(f"AllocatorSpec.{key} takes an attribute path ('block_table', "
+                            f"'req.pages') or a callable, not {v!r}")
+    if spec.alloc_ids is not None and spec.alloc_arg is None:
+        raise ValueError("AllocatorSpec.alloc_ids says where in an argument an allocation puts "
+                         "its ids: it needs alloc_arg, or write alloc='allocate(seq.block_table)'")
+    if spec.alloc_ids is not None and spec.alloc is None:
+        raise ValueError("AllocatorSpec.alloc_ids needs alloc, the method that allocates")
+    if spec.alloc_shares and not spec.refcounted:
+        raise ValueError("AllocatorSpec.alloc_shares: an allocation that also takes references "
+                         "to live blocks needs refcounted=True")
+    for text in spec.also_alloc + spec.also_free:
+        parse_pattern(text)
+    for name in spec.reset + spec.extra_methods():
+        if not name.isidentifier():
+            raise TypeError(f"AllocatorSpec: {name!r} is not a method name")
+    overlap = set(spec.methods()) & set(spec.extra_methods())
+    if overlap:
+        raise ValueError(f"AllocatorSpec: {', '.join(sorted(overlap))} is named twice "
+                         "(alloc/free/share and reset/also_*)")
+
+
 DEFAULT_SPEC = AllocatorSpec()
 
 
@@ -101,6 +220,8 @@ def read(allocator, how: AttrOrCallable):
     """Evaluate a ``size``/``free_count``/``live_ids`` setting against an allocator."""
     if how is None:
         return None
+    if isinstance(how, int) and not isinstance(how, bool):
+        return how
     if callable(how):
         return how(allocator)
     value = getattr(allocator, how)

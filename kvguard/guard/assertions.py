@@ -19,6 +19,7 @@ class Assertions:
     def check(self) -> dict:
         """Compare the allocator's own free count with the ledger's; raises ``inconsistent``
         (in every mode: it is an assertion) when they disagree. Returns the figures."""
+        self.verify()
         with self.lock:
             if self.spec.free_count is None:
                 raise ValueError(f"cannot check {self.name}: its AllocatorSpec has no "
@@ -41,6 +42,7 @@ class Assertions:
     @property
     def live(self) -> dict:
         """Block id (or ``(pool, id)`` with sub-pools) -> record of each live block."""
+        self.verify()
         with self.lock:
             out = {}
             for pool, ledger in self._ledgers.items():
@@ -130,6 +132,7 @@ class Assertions:
         at attach from the spec's ``live_ids``), for readers on other threads such as a metrics
         scrape. The guard's lock is held for the counters' copy alone: the ledgers are counted
         after it from copies of their columns, so the allocator never waits for a scan."""
+        self.verify()
         with self.lock:
             figures = self.stats.to_dict()
         ledgers = list(self._ledgers.values())

@@ -12,7 +12,7 @@ from ..ids import result_ids
 from ..owners import ACTIVE_HOLDER
 from ..spec import per_pool, read
 from .. import kinds
-from . import baseline, evidence, leases
+from . import baseline, evidence, leases, selfcheck
 from .checker import check_handout
 from .decisions import received_as_given, settle
 from .telemetry import internal_error
@@ -75,6 +75,8 @@ def commit_allocation(guard, args, kwargs, result, site, method=None) -> None:
     ledger = guard.ledger(pool)
     norm = result_ids(result, spec.id_attr, spec.skip)
     fresh, faults = check_handout(ledger, norm, method)
+    if faults:  # what the allocator's own state explains is the spec's gap, not a fault
+        fresh, faults = selfcheck.review_handout(guard, ledger, norm, fresh, faults, method, site)
     violations = [evidence.violation(guard, f.kind, f.block_ids, f.message, method, pool, ledger,
                                      f.block_ids) for f in faults]
     for v in violations:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from ..errors import ERROR_FOR_KIND, KVGuardError, error_for
 from ..ids import like
-from . import evidence
+from .. import kinds
+from . import evidence, selfcheck
 from .telemetry import internal_error, record
 
 MODES = ("raise", "log", "repair")
@@ -83,17 +84,25 @@ def flag(guard, kind, block_ids, message, method, pool=None, *, ledger=None, det
 def reject_faults(guard, plan) -> None:
     """Settle a checked release's faults: one violation per fault, the first naming the others
     (``extra["also"]``). Sets ``plan.aside`` when the guard steps aside."""
+    selfcheck.review_release(guard, plan)
     faults = plan.faults
+    if not faults:
+        return
     detail = [b for f in faults for b in f.block_ids]
-    violations = [evidence.violation(guard, f.kind, f.block_ids, f.message, plan.method,
-                                     plan.pool, plan.ledger, detail) for f in faults]
+    violations = [evidence.violation(guard, f.kind, f.block_ids, f.message + (
+        selfcheck.double_free_hint(guard) if f.kind == kinds.DOUBLE_FREE else ""),
+        plan.method, plan.pool, plan.ledger, detail) for f in faults]
     for v in violations[1:]:
         violations[0].extra.setdefault("also", []).append(v.headline())
     plan.aside = settle(guard, violations) == ASIDE
+    if plan.aside or guard.mode == "log":
+        selfcheck.notes(guard).tainted = True
 
 
 def protect(guard, step, *args):
-    """Run a guard step; in log/repair mode a bug in the guard never reaches the caller."""
+    """Run a guard step; in log/repair mode a bug in the guard never reaches the caller.
+    Every careful-path call commits through here: the guard checks its own wrappers first."""
+    selfcheck.verify(guard)
     if guard.mode == "raise":
         return step(*args)
     try:

@@ -21,7 +21,8 @@ from ..marks import ATTR, guard_of
 from ..owners import ACTIVE_OWNER
 from ..spec import DEFAULT_SPEC, AllocatorSpec, per_pool, read
 from ..stacks import DEPTH, SITES, sampled_capture
-from . import baseline, bookkeeping, careful, copies, decisions, evidence, roles, shadowing
+from . import (baseline, bookkeeping, careful, copies, decisions, evidence, observers, roles,
+               selfcheck, shadowing, shapes)
 from .arguments import MISSING, Param, pool_key
 from .assertions import Assertions
 from .decisions import MODES
@@ -118,11 +119,12 @@ class Guard(Assertions):
             raise TypeError(f"cannot guard {self.allocator_class}: its instances have no "
                             "__dict__ (__slots__), so methods cannot be shadowed") from None
         free = getattr(allocator, spec.free)
-        self._free_param = Param(free, spec.free_arg)
+        self._free_param = shapes.param_for(free, spec.free_arg, spec.free_ids)
         if not self._free_param.found:
             raise TypeError(f"cannot guard {self.allocator_class}: {spec.free}() has no "
                             f"parameter {spec.free_arg!r}")
-        self._share_param = Param(getattr(allocator, spec.share), 0) if spec.share else None
+        self._share_param = shapes.param_for(getattr(allocator, spec.share), spec.share_arg,
+                                             spec.share_ids) if spec.share else None
         self._pool_params = {
             m: Param(getattr(allocator, m), spec.pool_arg) for m in spec.methods()
         } if spec.pool_arg is not None else {}
@@ -134,12 +136,19 @@ class Guard(Assertions):
         own["__reduce_ex__"] = copies.reduce_hook(self)
         own[ATTR] = self
         GUARDS.add(self)
+        try:
+            shapes.install_extras(self)
+        except BaseException:
+            self.unguard()
+            raise
         if spec.adapter is not None:  # an engine adapter's extra wrappers (kvguard.adapters)
             try:
                 spec.adapter(self)
             except BaseException:
                 self.unguard()
                 raise
+        observers.observe(self)
+        selfcheck.remember(self)
         announce(self)
 
     def _default_pool(self):
@@ -212,6 +221,30 @@ class Guard(Assertions):
                 getattr(watcher, "detach", lambda: None)()
             self._watchers.clear()
             GUARDS.discard(self)
+
+    def verify(self) -> None:
+        """Check that the guard's wrappers are still on the instance: one an engine removed is
+        re-installed, one rebound to another method of the allocator wraps that, one replaced
+        by anything else is said to be unchecked; each said once (``notes``). Also run at every
+        careful-path call and by ``check()``, ``live``, ``violations``, ``snapshot()``."""
+        selfcheck.verify(self)
+
+    def _reinstall(self) -> None:
+        """Rebuild the wrappers of the spec's methods and put them on the instance (after the
+        engine's function behind one changed: ``selfcheck``)."""
+        with self.lock:
+            shadowing.install(self)
+
+    def _shaped(self, role, original):
+        """The wrapper of the spec's ``role`` method (free, share, alloc) when its shape needs
+        one of ``shapes`` (ids in an argument), else None: ``shadowing``'s serve."""
+        return shapes.wrapper_for(self, role, original)
+
+    def _commit_allocation(self, *args):
+        """An allocation's careful-path commit: ``shapes.commit`` (an allocation that also
+        shares, with ``alloc_shares``) or ``bookkeeping.commit_allocation``."""
+        commit = shapes.commit if self.spec.alloc_shares else bookkeeping.commit_allocation
+        return commit(*args)
 
     @property
     def guarded(self) -> bool:
@@ -292,7 +325,15 @@ class Guard(Assertions):
 
     @property
     def violations(self) -> list:
+        selfcheck.verify(self)
         return list(self.journal.kept)
+
+    @property
+    def notes(self) -> list:
+        """What the guard said about itself, once each: a spec that misses a method, a
+        wrapper an engine replaced or removed (see ``kvguard.guard.selfcheck``)."""
+        selfcheck.verify(self)
+        return list(selfcheck.notes(self).lines)
 
     # --- quarantine and watchers -------------------------------------------------------------
 
@@ -311,6 +352,8 @@ class Guard(Assertions):
         if blocks and self.spec.refcounted:
             raise ValueError("quarantine needs a non-refcounted pool: a refcounted allocator "
                              "must see every reference drop")
+        if blocks:
+            shapes.refuse_quarantine(self)
         with self.lock:
             self._quarantine.size = blocks
             shadowing.install(self)  # quarantine needs the careful path

@@ -139,7 +139,7 @@ def keywords(text: str, *, separators: str = ", ") -> dict:
         key, eq, raw = piece.partition("=")
         key = key.strip()
         if not eq or not key.isidentifier():
-            raise SpecSyntaxError(f"{piece!r} is not keyword=value")
+            raise SpecSyntaxError(f"cannot read {piece!r}: expected keyword=value")
         if key in out:
             raise SpecSyntaxError(f"{key} given twice")
         out[key] = value(key, raw)
@@ -153,7 +153,7 @@ def spec_from(kw: dict, where: str = ""):
         if key not in known:
             close = [k for k in known if k.split("_")[0] == key.split("_")[0]]
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
-            raise SpecSyntaxError(f"{where}no keyword {key!r}{hint}; AllocatorSpec takes "
+            raise SpecSyntaxError(f"{where}unknown keyword {key!r}{hint}; AllocatorSpec takes "
                                   f"{', '.join(known)}")
     try:
         return AllocatorSpec(**kw)
@@ -173,7 +173,8 @@ def _target(text: str) -> str:
     module, colon, qualname = text.partition(":")
     name = f"{module}.{qualname}" if colon else text
     if not _DOTTED.match(name) or "." not in name:
-        raise SpecSyntaxError(f"{text!r} is not a class: write package.module.Class")
+        raise SpecSyntaxError(f"{text!r} is not a dotted class name: write "
+                              "package.module.Class")
     return name
 
 
@@ -188,7 +189,8 @@ def parse_entry(text: str) -> tuple:
     text = text.strip()
     m = re.match(r"([A-Za-z_][\w.]*(?::[A-Za-z_][\w.]*)?)\s*", text)
     if m is None:
-        raise SpecSyntaxError(f"cannot read {text!r}: start with the class, package.module.Class")
+        raise SpecSyntaxError(f"cannot read {text!r}: start with the class, "
+                              "package.module.Class")
     name = _target(m.group(1))
     rest = text[m.end():].strip()
     if not rest:

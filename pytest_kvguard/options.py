@@ -15,15 +15,8 @@ MODES = ("raise", "log")
 STACKS = ("off", "cheap", "full")
 LEAKS = ("off", "summary", "warn", "fail")
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
 STYLES = ("short", "full")
 """``--kvguard-report`` values that are a style, not a path (``./short`` is a file)."""
-
-_BOOL_KEYWORDS = ("tensor_ok", "refcounted", "iterator_ok")
-_POSITION_KEYWORDS = ("free_arg", "pool_arg")
-_OPTIONAL_KEYWORDS = ("alloc", "pool_arg", "share", "id_attr", "refcount_attr", "size",
-                      "free_count", "live_ids")
 
 
 @dataclass
@@ -74,56 +67,46 @@ class Settings:
             leaks=pick("kvguard_leaks", "kvguard_leaks", LEAKS),
             report=report,
             style=style,
-            allocators=[parse_allocator_line(line) for line in config.getini("kvguard_allocators")
-                        if line.strip() and not line.strip().startswith("#")],
+            allocators=project_allocators(config.rootpath) + [
+                parse_allocator_line(line) for line in config.getini("kvguard_allocators")
+                if line.strip() and not line.strip().startswith("#")],
         )
 
 
 def parse_allocator_line(line: str):
-    """``package.module:Class size=num_blocks free_count=free_blocks refcounted=true`` ->
-    ``("package.module.Class", AllocatorSpec(...))``. Never imports the module."""
+    """One ``kvguard_allocators`` line, in the one spec language (``kvguard.specgrammar``):
+    ``package.module:Class size=num_blocks refcounted=true`` (the ini's own spelling) or
+    ``package.module.Class(size=num_blocks, refcounted=true)`` -> ``(dotted class name,
+    AllocatorSpec)``. Never imports the module."""
     from kvguard import AllocatorSpec
+    from kvguard.specgrammar import SpecSyntaxError, parse_entries
 
-    def bad(why: str) -> pytest.UsageError:
-        return pytest.UsageError(f"ini kvguard_allocators line {line.strip()!r}: {why}")
-
-    target, *pairs = line.split()
-    module, colon, qualname = target.partition(":")
-    parts = module.split(".") + qualname.split(".")
-    if not colon or not all(p.isidentifier() for p in parts):
-        raise bad("start with the class as 'package.module:Class'")
-    keywords = {}
-    known = AllocatorSpec.keywords()
-    for pair in pairs:
-        key, eq, value = pair.partition("=")
-        if not eq or not value:
-            raise bad(f"{pair!r} is not key=value")
-        if key == "skip":
-            raise bad("skip takes a callable: register this class with kvguard.register() in "
-                      "a conftest.py instead")
-        if key not in known:
-            raise bad(f"unknown keyword {key!r} (AllocatorSpec takes "
-                      f"{', '.join(k for k in known if k != 'skip')})")
-        if key in keywords:
-            raise bad(f"{key} given twice")
-        keywords[key] = _value(key, value, bad)
     try:
-        spec = AllocatorSpec(**keywords)
-    except (TypeError, ValueError) as exc:
-        raise bad(str(exc)) from None
-    return f"{module}.{qualname}", spec
+        entries = parse_entries(line)
+    except SpecSyntaxError as exc:
+        raise pytest.UsageError(f"ini kvguard_allocators line {line.strip()!r}: {exc}") from None
+    if len(entries) != 1:
+        raise pytest.UsageError(f"ini kvguard_allocators line {line.strip()!r}: one class per "
+                                "line")
+    name, spec = entries[0]
+    return name, spec if spec is not None else AllocatorSpec()
 
 
-def _value(key: str, text: str, bad):
-    lowered = text.lower()
-    if key in _BOOL_KEYWORDS:
-        if lowered in _TRUE:
-            return True
-        if lowered in _FALSE:
-            return False
-        raise bad(f"{key} takes true or false, not {text!r}")
-    if key in _OPTIONAL_KEYWORDS and lowered == "none":
-        return None
-    if key in _POSITION_KEYWORDS and text.isdigit():
-        return int(text)
-    return text
+def project_allocators(rootpath) -> list:
+    """``[tool.kvguard] allocators`` of the run's pyproject.toml (the ini option is read by
+    pytest itself): ``(dotted class name, AllocatorSpec)`` pairs."""
+    from kvguard import AllocatorSpec
+    from kvguard.projectconfig import tool_texts
+    from kvguard.specgrammar import SpecSyntaxError, parse_entries
+
+    path = os.path.join(str(rootpath), "pyproject.toml")
+    if not os.path.isfile(path):
+        return []
+    import tomllib
+    try:
+        with open(path, "rb") as f:
+            value = tomllib.load(f).get("tool", {}).get("kvguard", {}).get("allocators")
+        entries = [e for text in tool_texts(value, path) for e in parse_entries(text)]
+    except (SpecSyntaxError, tomllib.TOMLDecodeError) as exc:
+        raise pytest.UsageError(f"[tool.kvguard] allocators: {exc}") from None
+    return [(name, spec if spec is not None else AllocatorSpec()) for name, spec in entries]

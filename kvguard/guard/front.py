@@ -240,12 +240,6 @@ class Guard(Assertions):
         one of ``shapes`` (ids in an argument), else None: ``shadowing``'s serve."""
         return shapes.wrapper_for(self, role, original)
 
-    def _commit_allocation(self, *args):
-        """An allocation's careful-path commit: ``shapes.commit`` (an allocation that also
-        shares, with ``alloc_shares``) or ``bookkeeping.commit_allocation``."""
-        commit = shapes.commit if self.spec.alloc_shares else bookkeeping.commit_allocation
-        return commit(*args)
-
     @property
     def guarded(self) -> bool:
         return bool(self._originals)

@@ -187,11 +187,14 @@ def review_handout(guard, ledger, norm, fresh, faults, method, site):
               if ledger.is_live(b) and norm.ids.count(b) == 1]
     if not shared:
         return fresh, faults
-    counts = _counts(guard, shared)
+    counts = _counts(guard, shared, norm)
     state = notes(guard)
-    if counts is not None:
-        if not all(c is not None and c > ledger.refcount(b) for b, c in zip(shared, counts)):
-            return fresh, faults  # the allocator itself counts one reference: it is corrupt
+    if counts is not None and not all(c is not None and c > ledger.refcount(b)
+                                      for b, c in zip(shared, counts)):
+        return fresh, faults  # the allocator itself counts one reference: it is corrupt
+    if guard.spec.alloc_shares:
+        how = "share"  # declared: a live block handed out again is a new reference
+    elif counts is not None:
         how = "share"
         say(guard, ("alloc-shares", method), (
             f"spec incomplete: {method}() handed out block(s) {shared[:8]} the guard holds "
@@ -253,12 +256,19 @@ def _surplus(guard, handed: int) -> int:
     return sum(theirs - ours for theirs, ours in figures.values()) + handed
 
 
-def _counts(guard, ids):
-    """The allocator's own reference count of each id (the spec's ``refcounts``), or None."""
-    if guard.spec.refcounts is None:
-        return None
+def _counts(guard, ids, norm=None):
+    """The allocator's own reference count of each id: ``refcount_attr`` on the block objects
+    of ``norm`` (an allocation's result), or the spec's ``refcounts``; None when neither."""
+    spec = guard.spec
     try:
-        table = read(guard.allocator, guard.spec.refcounts)
+        if spec.refcount_attr is not None and norm is not None and norm.objects is not None:
+            first = {}
+            for b, obj in zip(norm.ids, norm.objects):
+                first.setdefault(b, obj)
+            return [getattr(first[b], spec.refcount_attr, None) for b in ids]
+        if spec.refcounts is None:
+            return None
+        table = read(guard.allocator, spec.refcounts)
     except Exception:
         return None
     return [count_of(table, b) for b in ids]

@@ -4,7 +4,7 @@
   ``share_ids``; ``alloc="allocate(seq.block_table)"``: ``alloc_arg``/``alloc_ids``, the ids an
   allocation adds to the argument);
 - an allocation that also takes references to live blocks (``alloc_shares``: a prefix-cache
-  hit hands out new blocks and cached ones in one call);
+  hit hands out new blocks and cached ones in one call), taken by ``selfcheck.review_handout``;
 - extra methods (``also_alloc``, ``also_free``) and resets (``reset``).
 
 The wrappers here take the careful path on every call: the fast path reads ids from one known
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ..ids import result_ids
 from ..owners import ACTIVE_OWNER
 from ..specgrammar import parse_pattern
 from .arguments import MISSING, Param
@@ -25,7 +24,6 @@ from .bookkeeping import commit_allocation, commit_release
 from .careful import forward_aside, plan_release
 from .decisions import contain, forward_value, protect
 from .instances import engine_method
-from .selfcheck import count_of
 
 
 class CarriedParam(Param):
@@ -156,7 +154,7 @@ def wrap_alloc_into(guard, original, method, param):
             except Exception as exc:
                 contain(guard, exc)
                 return result
-            protect(guard, commit, guard, args, kwargs, handed, site, method)
+            protect(guard, commit_allocation, guard, args, kwargs, handed, site, method)
             return result
 
     allocate.__wrapped__ = original
@@ -193,54 +191,6 @@ def added(before, after) -> list:
     except TypeError:  # unhashable items: by identity
         seen = [id(x) for x in before]
         return [x for x in after if id(x) not in seen or seen.remove(id(x))]
-
-
-def commit(guard, args, kwargs, result, site, method=None) -> None:
-    """Commit an allocation: with ``alloc_shares``, ids the ledger holds live are new
-    references to them (a prefix-cache hit), the rest are handed out as usual."""
-    if not guard.spec.alloc_shares:
-        return commit_allocation(guard, args, kwargs, result, site, method)
-    spec = guard.spec
-    method = method or spec.alloc
-    ledger = guard.ledger(guard._pool_of(method, args, kwargs))
-    norm = result_ids(result, spec.id_attr, spec.skip)
-    counts = allocator_counts(guard, norm)
-    shared, rest = [], []
-    items = norm.objects if norm.objects is not None else norm.ids
-    seen = set()
-    for n, b in enumerate(norm.ids):
-        fresh_ref = b not in seen and ledger.is_live(b) and (
-            counts is None or counts[n] is None or counts[n] > ledger.refcount(b))
-        seen.add(b)
-        (shared if fresh_ref else rest).append((b, items[n]))
-    if norm.faults:  # what is wrong with the result itself: the ordinary path names it
-        return commit_allocation(guard, args, kwargs, result, site, method)
-    if shared:
-        ids = [b for b, _ in shared]
-        clock = guard._tick()
-        ledger.share(ids, clock, site)
-        guard.stats.share_calls += 1
-        guard.stats.blocks_shared += len(ids)
-        if guard.history is not None:
-            guard.history.append((clock, ids, site, ledger.pool, "share"))
-    if rest or not shared:
-        commit_allocation(guard, args, kwargs, [item for _, item in rest], site, method)
-
-
-def allocator_counts(guard, norm):
-    """The allocator's own reference count of each of ``norm.ids`` after the call
-    (``refcount_attr`` on block objects, or the spec's ``refcounts``), or None."""
-    spec = guard.spec
-    try:
-        if spec.refcount_attr is not None and norm.objects is not None:
-            return [getattr(obj, spec.refcount_attr, None) for obj in norm.objects]
-        if spec.refcounts is not None:
-            from ..spec import read
-            table = read(guard.allocator, spec.refcounts)
-            return [count_of(table, b) for b in norm.ids]
-    except Exception:
-        return None
-    return None
 
 
 # --- installing -------------------------------------------------------------------------------
@@ -304,7 +254,7 @@ def _wrap_alloc_result(guard, original, name):
             except Exception as exc:
                 site = contain(guard, exc)
             seen, result = _read_once(result)
-            protect(guard, commit, guard, args, kwargs, seen, site, name)
+            protect(guard, commit_allocation, guard, args, kwargs, seen, site, name)
             return result
     return allocate
 

@@ -8,7 +8,6 @@ in the spec language (``pkg.mod.Class(free=free_blocks, size=num_blocks)``).
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 
 MODES = ("log", "raise", "repair")
@@ -153,84 +152,15 @@ def _seconds(environ, name, default) -> float:
 
 # --- KVGUARD_REGISTER -------------------------------------------------------------------------
 
-_ENTRY = re.compile(r"\s*([A-Za-z_][\w.]*)\s*(?:\((.*?)\)|=\s*([A-Za-z_][\w.]*):([A-Za-z_]\w*))?"
-                    r"\s*(?:[,;]|$)", re.S)
-_KEYWORD = re.compile(r"\s*([A-Za-z_]\w*)\s*=\s*([^,]*?)\s*(?:,|$)")
-
-
 def parse_register(text: str) -> list:
-    """Parse ``KVGUARD_REGISTER``: ``[(dotted class name, AllocatorSpec or None), ...]``.
-
-    Three forms, comma separated: ``pkg.mod.Class`` (the spec registered already, such as a
-    built-in, else the default ``allocate``/``free``), ``pkg.mod.Class(free=free_blocks,
-    size=num_blocks, refcounted=true)`` (``AllocatorSpec`` keywords; values are names, whole
-    numbers, true/false or none) and ``pkg.mod.Class=pkg.specs:SPEC`` (imports ``pkg.specs``,
-    which should be light: it runs at interpreter start).
-    """
-    from ..spec import AllocatorSpec
-    entries, pos, text = [], 0, text.strip()
-    while pos < len(text):
-        m = _ENTRY.match(text, pos)
-        if m is None or m.end() == pos:
-            raise ValueError(f"KVGUARD_REGISTER: cannot read {text[pos:]!r}; expected "
-                             "pkg.mod.Class, pkg.mod.Class(keyword=value, ...) or "
-                             "pkg.mod.Class=pkg.module:SPEC")
-        pos = m.end()
-        name, keywords, module, attr = m.groups()
-        if "." not in name:
-            raise ValueError(f"KVGUARD_REGISTER: {name!r} is not a dotted class name "
-                             "(package.module.Class)")
-        spec = None
-        if keywords is not None:
-            try:
-                spec = AllocatorSpec(**_spec_keywords(name, keywords))
-            except TypeError as exc:
-                raise ValueError(f"KVGUARD_REGISTER: {name}: {exc}") from None
-        elif module is not None:
-            spec = _import_spec(name, module, attr)
-        entries.append((name, spec))
-    return entries
-
-
-def _spec_keywords(name: str, text: str) -> dict:
-    from ..spec import AllocatorSpec
-    allowed = set(AllocatorSpec.keywords()) - {"skip"}
-    out, pos, text = {}, 0, text.strip()
-    while pos < len(text):
-        m = _KEYWORD.match(text, pos)
-        if m is None or m.end() == pos:
-            raise ValueError(f"KVGUARD_REGISTER: {name}({text}): cannot read {text[pos:]!r}; "
-                             "expected keyword=value")
-        pos = m.end()
-        key, raw = m.groups()
-        if key not in allowed:
-            hint = (" (a callable: use pkg.mod.Class=pkg.module:SPEC)" if key == "skip" else
-                    f"; AllocatorSpec takes {', '.join(sorted(allowed))}")
-            raise ValueError(f"KVGUARD_REGISTER: {name}: no keyword {key!r}{hint}")
-        out[key] = _value(raw)
-    return out
-
-
-def _value(raw: str):
-    low = raw.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low == "none":
-        return None
-    if re.fullmatch(r"-?\d+", raw):
-        return int(raw)
-    return raw
-
-
-def _import_spec(name: str, module: str, attr: str):
-    import importlib
-
-    from ..spec import AllocatorSpec
+    """Parse ``KVGUARD_REGISTER``: ``[(dotted class name, AllocatorSpec or None), ...]``, in the
+    one spec language (``kvguard.specgrammar``): entries separated by commas, semicolons or
+    new lines, each ``pkg.mod.Class`` (the spec registered already, such as a built-in, else
+    the default ``allocate``/``free``), ``pkg.mod.Class(free=free_blocks, size=num_blocks,
+    refcounted=true)`` or ``pkg.mod.Class=pkg.specs:SPEC`` (imports ``pkg.specs``, which should
+    be light: it runs at interpreter start)."""
+    from ..specgrammar import SpecSyntaxError, parse_entries
     try:
-        spec = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"KVGUARD_REGISTER: {name}={module}:{attr}: {exc}") from None
-    if not isinstance(spec, AllocatorSpec):
-        raise ValueError(f"KVGUARD_REGISTER: {name}={module}:{attr} is a "
-                         f"{type(spec).__name__}, not a kvguard.AllocatorSpec")
-    return spec
+        return parse_entries(text)
+    except SpecSyntaxError as exc:
+        raise ValueError(f"KVGUARD_REGISTER: {exc}") from None

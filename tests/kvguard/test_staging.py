@@ -91,8 +91,8 @@ def test_register_forms():
 
 @pytest.mark.parametrize("text, message", [
     ("Pool", "'Pool' is not a dotted class name"),
-    ("a.B(sizes=3)", "no keyword 'sizes'"),
-    ("a.B(skip=f)", "a callable: use pkg.mod.Class=pkg.module:SPEC"),
+    ("a.B(sizes=3)", "unknown keyword 'sizes'"),
+    ("a.B(skip=f)", "skip takes a callable: write skip=package.module:function"),
     ("a.B(size)", "expected keyword=value"),
     ("a.B=kvguard.examples:nothing", "has no attribute 'nothing'"),
     ("a.B=kvguard.examples:LinkedFreeList", "is a type, not a kvguard.AllocatorSpec"),

@@ -46,11 +46,11 @@ def test_stacks_off_keeps_no_allocation_stacks(suite):
     ("kvguard_mode = loud", "ini kvguard_mode = 'loud': choose one of raise, log"),
     ("kvguard_stacks = deep", "ini kvguard_stacks = 'deep': choose one of off, cheap, full"),
     ("kvguard_leaks = maybe", "ini kvguard_leaks = 'maybe': choose one of off, summary, warn, fail"),
-    ("kvguard_allocators = pool.Pool size=n", "start with the class as 'package.module:Class'"),
+    ("kvguard_allocators = Pool size=n", "'Pool' is not a dotted class name"),
     ("kvguard_allocators = pool:Pool sized=n", "unknown keyword 'sized'"),
     ("kvguard_allocators = pool:Pool refcounted=maybe", "refcounted takes true or false"),
     ("kvguard_allocators = pool:Pool skip=f", "skip takes a callable"),
-    ("kvguard_allocators = pool:Pool size", "'size' is not key=value"),
+    ("kvguard_allocators = pool:Pool size", "cannot read 'size': expected keyword=value"),
     ("kvguard_allocators = pool:Pool refcount_attr=ref_cnt", "needs id_attr and refcounted"),
 ])
 def test_a_bad_ini_setting_stops_the_run_with_one_line(suite, ini, message):

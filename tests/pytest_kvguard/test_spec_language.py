@@ -1,0 +1,85 @@
+"""One spec language in every place a user writes one: the ini option (its own spelling and the
+canonical one, one per line or a TOML list) and ``[tool.kvguard] allocators`` in pyproject.toml
+(a list of entries or a table per class) all give the same guard."""
+
+import pytest
+
+from .conftest import write
+
+POOL = """
+    class Pool:
+        def __init__(self, n):
+            self.n = n
+            self.free_ids = list(range(n))
+
+        def get_blocks(self, k):
+            out, self.free_ids = self.free_ids[:k], self.free_ids[k:]
+            return out
+
+        def put_blocks(self, pool_index, ids):
+            self.free_ids.extend(ids)
+"""
+
+TEST = """
+    import kvguard
+    from kvg_lang_pool import Pool
+
+    def test_guarded():
+        pool = Pool(4)
+        g = kvguard.guard_of(pool)
+        assert g is not None and g.spec.free == "put_blocks" and g.spec.size == "n"
+        ids = pool.get_blocks(2)
+        pool.put_blocks(0, ids + ids[:1])
+"""
+
+CONFIGS = {
+    "ini, its own spelling": ("ini", """
+        [pytest]
+        kvguard_allocators =
+            kvg_lang_pool:Pool alloc=get_blocks free=put_blocks free_arg=1 size=n
+    """),
+    "ini, the canonical spelling": ("ini", """
+        [pytest]
+        kvguard_allocators =
+            kvg_lang_pool.Pool(alloc=get_blocks, free=put_blocks(ids), size=n)
+    """),
+    "pytest's TOML list": ("pyproject", """
+        [tool.pytest.ini_options]
+        kvguard_allocators = ["kvg_lang_pool.Pool(alloc=get_blocks, free=put_blocks, free_arg=1, size=n)"]
+    """),
+    "[tool.kvguard] list": ("pyproject", """
+        [tool.kvguard]
+        allocators = ["kvg_lang_pool:Pool alloc=get_blocks free=put_blocks(ids) size=n"]
+    """),
+    "[tool.kvguard] table": ("pyproject", """
+        [tool.kvguard.allocators."kvg_lang_pool.Pool"]
+        alloc = "get_blocks"
+        free = "put_blocks(ids)"
+        size = "n"
+    """),
+}
+
+
+@pytest.mark.parametrize("where", list(CONFIGS))
+def test_every_spelling_guards_the_class_the_same_way(pytester, where):
+    kind, text = CONFIGS[where]
+    pytester.makepyfile(kvg_lang_pool=POOL)
+    if kind == "ini":
+        pytester.makeini(text)
+    else:
+        pytester.makefile(".toml", pyproject=text)
+    write(pytester, TEST)
+    result = pytester.runpytest("-p", "kvguard")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*ERROR: kvguard: duplicate-id of block 0 on Pool#*"])
+
+
+def test_a_mistake_in_tool_kvguard_stops_the_run_with_one_line(pytester):
+    pytester.makefile(".toml", pyproject="""
+        [tool.kvguard]
+        allocators = ["kvg_lang_pool.Pool(sized=n)"]
+    """)
+    write(pytester, "def test_nothing():\n    pass\n")
+    result = pytester.runpytest("-p", "kvguard")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: *tool.kvguard*allocators*unknown keyword 'sized'*"])

@@ -220,6 +220,10 @@ def parse_entries(text: str) -> list:
         current = piece
     if current:
         entries.append(parse_entry(current))
+    if not entries and "\n".join(lines).strip():
+        raise SpecSyntaxError(f"cannot read {text.strip()!r}: expected package.module.Class, "
+                              "package.module.Class(keyword=value, ...) or "
+                              "package.module.Class=package.module:SPEC")
     return entries
 
 

@@ -187,11 +187,26 @@ def imported(dotted: str, command: str, what: str | None = None):
                          f"{exc}") from None
 
 
-def spec_option(dotted: str | None, command: str) -> AllocatorSpec | None:
-    """The ``--spec MODULE.NAME`` option of ``kvguard fuzz`` and ``kvguard replay``."""
-    if not dotted:
-        return None
-    spec = imported(dotted, command)
+def spec_option(dotted: str | None, command: str, cls_name: str | None = None):
+    """The ``--spec`` option of ``kvguard fuzz`` and ``kvguard replay``: an AllocatorSpec object
+    (``pkg.mod.SPEC`` or ``pkg.mod:SPEC``), or a spec in the spec language (keywords
+    ``alloc=get, free=put``, or an entry ``pkg.mod.Class(alloc=get, ...)``). Without it, the
+    project's configuration (``[tool.kvguard]``, the pytest ini option) for ``cls_name``."""
+    from ..cli import UsageError
+    from ..projectconfig import find
+    from ..specgrammar import SpecSyntaxError, parse_entries, parse_spec
+    try:
+        if not dotted:
+            project = find() if cls_name else None
+            return project.spec_for(cls_name) if project is not None else None
+        if "=" in dotted and "(" not in dotted.split("=", 1)[0]:
+            return parse_spec(dotted)
+        if "(" in dotted:
+            (_, spec), = parse_entries(dotted)
+            return spec
+    except (SpecSyntaxError, ValueError) as exc:
+        raise UsageError(f"kvguard {command}: error: --spec: {exc}") from None
+    spec = imported(dotted.replace(":", "."), command)
     if not isinstance(spec, AllocatorSpec):
         from ..cli import UsageError
         raise UsageError(f"kvguard {command}: error: {dotted} is not a kvguard.AllocatorSpec")
@@ -236,7 +251,7 @@ def fuzz_command(argv) -> int:
     cls = imported(args.name, "fuzz")
     if not isinstance(cls, type):
         raise UsageError(f"kvguard fuzz: error: {args.name} is not a class")
-    spec = spec_option(args.spec, "fuzz")
+    spec = spec_option(args.spec, "fuzz", f"{cls.__module__}.{cls.__qualname__}")
     try:
         make, spec, driver, source = target_for(cls, args.factory, spec)
     except SyntaxError as exc:
@@ -302,8 +317,10 @@ def _parser():
     parser.add_argument("--factory", metavar="EXPR", help="a Python expression that builds a "
                         "small pool, with the class bound to `cls` (e.g. 'cls(16)'); default: "
                         "the built-in factory for the engines' allocators")
-    parser.add_argument("--spec", metavar="MODULE.NAME", help="a kvguard.AllocatorSpec to "
-                        "read it with; default: the class's registered (built-in) spec")
+    parser.add_argument("--spec", metavar="SPEC", help="how to read it: a kvguard."
+                        "AllocatorSpec (pkg.mod.SPEC or pkg.mod:SPEC) or the spec language "
+                        "('alloc=get, free=put'); default: the project's configuration "
+                        "([tool.kvguard], ini kvguard_allocators), else the registered spec")
     parser.add_argument("--examples", type=int, default=None, metavar="N",
                         help="call sequences per clause (default 100)")
     parser.add_argument("--seed", type=int, default=0, metavar="S",

@@ -44,8 +44,11 @@ def _check_range(name: str, value, least: int, meaning: str) -> None:
                          f"not {value!r}")
 
 
-class Guard(Assertions):
+class Guard(Assertions, selfcheck.SelfChecked):
     """One guarded allocator. Created by ``kvguard.guard()``; see the package docstring."""
+
+    _shapes = shapes  # shadowing's wrappers defer to shapes.wrapper_for; selfcheck re-installs
+    _install = staticmethod(shadowing.install)
 
     def __init__(self, allocator, spec: AllocatorSpec, *, on_violation: str = "raise",
                  stacks: str = "cheap", name: str | None = None, history: int = 32,
@@ -123,8 +126,7 @@ class Guard(Assertions):
         if not self._free_param.found:
             raise TypeError(f"cannot guard {self.allocator_class}: {spec.free}() has no "
                             f"parameter {spec.free_arg!r}")
-        self._share_param = shapes.param_for(getattr(allocator, spec.share), spec.share_arg,
-                                             spec.share_ids) if spec.share else None
+        self._share_param = shapes.share_param(allocator, spec)
         self._pool_params = {
             m: Param(getattr(allocator, m), spec.pool_arg) for m in spec.methods()
         } if spec.pool_arg is not None else {}
@@ -136,19 +138,14 @@ class Guard(Assertions):
         own["__reduce_ex__"] = copies.reduce_hook(self)
         own[ATTR] = self
         GUARDS.add(self)
-        try:
-            shapes.install_extras(self)
-        except BaseException:
-            self.unguard()
-            raise
+        shapes.install_extras(self)
         if spec.adapter is not None:  # an engine adapter's extra wrappers (kvguard.adapters)
             try:
                 spec.adapter(self)
             except BaseException:
                 self.unguard()
                 raise
-        observers.observe(self)
-        selfcheck.remember(self)
+        observers.observe(self)  # and remembers the wrappers on the instance (selfcheck)
         announce(self)
 
     def _default_pool(self):
@@ -221,24 +218,6 @@ class Guard(Assertions):
                 getattr(watcher, "detach", lambda: None)()
             self._watchers.clear()
             GUARDS.discard(self)
-
-    def verify(self) -> None:
-        """Check that the guard's wrappers are still on the instance: one an engine removed is
-        re-installed, one rebound to another method of the allocator wraps that, one replaced
-        by anything else is said to be unchecked; each said once (``notes``). Also run at every
-        careful-path call and by ``check()``, ``live``, ``violations``, ``snapshot()``."""
-        selfcheck.verify(self)
-
-    def _reinstall(self) -> None:
-        """Rebuild the wrappers of the spec's methods and put them on the instance (after the
-        engine's function behind one changed: ``selfcheck``)."""
-        with self.lock:
-            shadowing.install(self)
-
-    def _shaped(self, role, original):
-        """The wrapper of the spec's ``role`` method (free, share, alloc) when its shape needs
-        one of ``shapes`` (ids in an argument), else None: ``shadowing``'s serve."""
-        return shapes.wrapper_for(self, role, original)
 
     @property
     def guarded(self) -> bool:
@@ -322,13 +301,6 @@ class Guard(Assertions):
         selfcheck.verify(self)
         return list(self.journal.kept)
 
-    @property
-    def notes(self) -> list:
-        """What the guard said about itself, once each: a spec that misses a method, a
-        wrapper an engine replaced or removed (see ``kvguard.guard.selfcheck``)."""
-        selfcheck.verify(self)
-        return list(selfcheck.notes(self).lines)
-
     # --- quarantine and watchers -------------------------------------------------------------
 
     @property
@@ -346,8 +318,7 @@ class Guard(Assertions):
         if blocks and self.spec.refcounted:
             raise ValueError("quarantine needs a non-refcounted pool: a refcounted allocator "
                              "must see every reference drop")
-        if blocks:
-            shapes.refuse_quarantine(self)
+        shapes.refuse_quarantine(self, blocks)
         with self.lock:
             self._quarantine.size = blocks
             shadowing.install(self)  # quarantine needs the careful path

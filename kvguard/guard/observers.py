@@ -18,7 +18,7 @@ from ..spec import read
 from . import baseline
 from .arguments import MISSING
 from .instances import engine_method
-from .selfcheck import drop, notes, say
+from .selfcheck import drop, notes, remember, say
 
 MUTATORS = frozenset({
     "append", "extend", "pop", "popleft", "appendleft", "clear", "insert", "remove", "add",
@@ -31,6 +31,13 @@ def observe(guard) -> None:
     """Watch the allocator's public methods that change its state and that the spec does not
     name (read from their source): a free-count move inside one, unexplained by the guarded
     calls it made, is resynchronized and named. Needs the spec's ``free_count``."""
+    try:
+        _observe(guard)
+    finally:
+        remember(guard)
+
+
+def _observe(guard) -> None:
     spec = guard.spec
     allocator = guard.allocator
     if spec.free_count is None or allocator is None:

@@ -61,6 +61,24 @@ class Notes:
         witnesses what the spec missed, so it excuses nothing from then on."""
 
 
+class SelfChecked:
+    """The part of ``Guard`` that answers for the guard itself (a base class of ``Guard``)."""
+
+    def verify(self) -> None:
+        """Check that the guard's wrappers are still on the instance: one an engine removed is
+        re-installed, one rebound to another method of the allocator wraps that, one replaced
+        by anything else is said to be unchecked; each said once (``notes``). Also run at every
+        careful-path call and by ``check()``, ``live``, ``violations``, ``snapshot()``."""
+        verify(self)
+
+    @property
+    def notes(self) -> list:
+        """What the guard said about itself, once each: a spec that misses a method, a
+        wrapper an engine replaced or removed."""
+        verify(self)
+        return list(notes(self).lines)
+
+
 def notes(guard) -> Notes:
     found = guard.__dict__.get("_selfcheck")
     if found is None:
@@ -160,7 +178,7 @@ def _repair(guard, allocator, own, state, lost) -> None:
                 f"through it are not checked while it stays; the guard re-installs its "
                 f"wrapper when it is removed"))
     if rebuild:
-        guard._reinstall()
+        guard._install(guard)
     remember(guard)
 
 

@@ -100,14 +100,14 @@ def wrap_free(guard, original):
     call's ledger, none repeated) is inlined with everything it needs bound as locals: this
     is where the overhead budget goes, so every line counts. Refcounted pools drop one
     reference per id; a block whose count reaches 0 becomes a tombstone."""
-    return guard._shaped("free", original) or wrap_release(
+    return guard._shapes.wrapper_for(guard, "free", original) or wrap_release(
         guard, original, guard.spec.free, guard._free_param, share=False)
 
 
 def wrap_share(guard, original):
     """The share wrapper: the fast path adds a reference to ids that are live or cached
     (a tombstone, revived); never-seen ids and every fault go the careful way."""
-    return guard._shaped("share", original) or wrap_release(
+    return guard._shapes.wrapper_for(guard, "share", original) or wrap_release(
         guard, original, guard.spec.share, guard._share_param, share=True)
 
 
@@ -269,7 +269,7 @@ def wrap_release(guard, original, method, param, share):
 def wrap_alloc(guard, original):
     """The allocation wrapper: forward first, then check what came back. The fast path
     takes ids that are all free or unseen in the call's ledger, each once."""
-    shaped = guard._shaped("alloc", original)
+    shaped = guard._shapes.wrapper_for(guard, "alloc", original)
     if shaped is not None:
         return shaped
     lock = guard.lock

@@ -72,6 +72,13 @@ def param_for(method, where, path) -> Param:
     return Param(method, where) if path is None else CarriedParam(method, where, path)
 
 
+def share_param(allocator, spec):
+    """Where the spec's ``share`` receives its ids (None without one)."""
+    if not spec.share:
+        return None
+    return param_for(getattr(allocator, spec.share), spec.share_arg, spec.share_ids)
+
+
 def carried(param) -> bool:
     return isinstance(param, CarriedParam)
 
@@ -210,7 +217,16 @@ def wrapper_for(guard, role, original):
 
 
 def install_extras(guard) -> None:
-    """Guard the spec's ``reset``, ``also_alloc`` and ``also_free`` methods."""
+    """Guard the spec's ``reset``, ``also_alloc`` and ``also_free`` methods (none, if one is
+    missing: the guard is taken off again and the error raised)."""
+    try:
+        _install_extras(guard)
+    except BaseException:
+        guard.unguard()
+        raise
+
+
+def _install_extras(guard) -> None:
     spec = guard.spec
     allocator = guard.allocator
     for name in spec.reset:
@@ -271,9 +287,9 @@ def _read_once(result):
     return items, iter(list(items))
 
 
-def refuse_quarantine(guard) -> None:
+def refuse_quarantine(guard, blocks) -> None:
     """Quarantine forwards held ids to the spec's free by themselves: impossible when that
     free takes them inside an argument."""
-    if carried(guard._free_param):
+    if blocks and carried(guard._free_param):
         raise ValueError(f"quarantine needs a free() that takes ids: {guard.spec.free}() takes "
                          f"them inside its argument {guard.spec.free_arg!r}")

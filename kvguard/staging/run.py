@@ -55,9 +55,16 @@ def run_command(argv) -> int:
                         ("KVGUARD_SAMPLE", args.sample), ("KVGUARD_HISTORY", args.history)):
         if value is not None:
             env[name] = str(value)
-    if args.register:
-        env["KVGUARD_REGISTER"] = ",".join(filter(None, [env.get("KVGUARD_REGISTER", "")]
-                                                  + args.register))
+    from ..projectconfig import find
+    from ..specgrammar import SpecSyntaxError
+    try:  # the project's own specs ([tool.kvguard], the pytest ini option), then the options'
+        project = find()
+    except SpecSyntaxError as exc:
+        raise UsageError(f"kvguard run: error: {exc}") from None
+    entries = (project.texts if project is not None else []) + args.register
+    if entries:
+        env["KVGUARD_REGISTER"] = "\n".join(filter(None, [env.get("KVGUARD_REGISTER", "")]
+                                                   + entries))
     try:
         config_from_env(env)
     except ValueError as exc:

@@ -22,7 +22,7 @@ COMMANDS = {
                "replay a report's last operations offline"),
     "fuzz": ("kvguard.conformance.fuzz", "fuzz_command",
              "fuzz an allocator class against the allocator contract"),
-    "spec": ("kvguard.specsuggest", "spec_command",
+    "spec": ("kvguard.specreview", "spec_command",
              "suggest a spec for an allocator class (spec suggest pkg.mod.Class), checked"),
 }
 

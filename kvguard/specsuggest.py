@@ -13,13 +13,10 @@ the suggestion differs from it, and why.
 from __future__ import annotations
 
 import ast
-import importlib
 import inspect
-import os
-import sys
 import textwrap
 
-from .spec import DEFAULT_SPEC, AllocatorSpec
+from .spec import AllocatorSpec
 
 ALLOC_NAMES = ("allocate", "alloc", "get_new_blocks", "get_free_blocks", "allocate_blocks",
                "alloc_blocks", "alloc_rows", "alloc_pages", "get_blocks", "allocate_one",
@@ -223,64 +220,3 @@ def _assigned_in_init(init) -> set:
     return {t.attr for n in ast.walk(fn) if isinstance(n, (ast.Assign, ast.AnnAssign))
             for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
             if isinstance(t, ast.Attribute)}
-
-
-# --- the command ------------------------------------------------------------------------------
-
-def spec_command(argv) -> int:
-    """``kvguard spec suggest pkg.mod.Class [--factory EXPR] [--no-check]``."""
-    from .cli import Parser, UsageError
-    from .specgrammar import format_entry
-    parser = Parser(prog="kvguard spec", description=(
-        "kvguard spec suggest pkg.mod.Class: read an allocator class (its methods' names and "
-        "bodies, reference counts, free counts), print a spec in kvguard's spec language, and "
-        "check it against an instance"))
-    parser.add_argument("action", choices=["suggest"])
-    parser.add_argument("name", metavar="DOTTED.NAME", help="the allocator class")
-    parser.add_argument("--factory", metavar="EXPR", help="builds an instance, the class bound "
-                        "to `cls` (default: cls(16), then cls())")
-    parser.add_argument("--no-check", action="store_true", help="print the spec only")
-    args = parser.parse_args(argv)
-    cls = _import(args.name)
-    if not isinstance(cls, type):
-        raise UsageError(f"kvguard spec: error: {args.name} is not a class")
-    spec, notes = suggest(cls)
-    name = f"{cls.__module__}.{cls.__qualname__}"
-    text, _ = format_entry(name, spec)
-    print(text)
-    for line in notes:
-        print(f"# {line}")
-    from .specreview import differences, self_check
-    if not args.no_check:
-        for line in self_check(cls, spec, args.factory):
-            print(f"# {line}")
-    from .registry import registered
-    builtin = registered().get(name)
-    if builtin is not None and builtin != DEFAULT_SPEC:
-        found = differences(spec, builtin, cls)
-        print(f"# built-in spec: {'the same' if not found else 'differs:'}")
-        for key, ours, theirs, why in found:
-            print(f"#   {key}: suggested {ours!r}, built-in {theirs!r}: {why}")
-    return 0
-
-
-def _import(dotted: str):
-    from .cli import UsageError
-    if "" not in sys.path and os.getcwd() not in sys.path:  # as `python -m` would
-        sys.path.insert(0, os.getcwd())
-    module, _, attr = dotted.replace(":", ".").rpartition(".")
-    parts = [attr]
-    while module:
-        try:
-            obj = sys.modules.get(module) or importlib.import_module(module)
-        except ImportError:
-            module, _, outer = module.rpartition(".")
-            parts.insert(0, outer)
-            continue
-        try:
-            for part in parts:
-                obj = getattr(obj, part)
-        except AttributeError as exc:
-            raise UsageError(f"kvguard spec: error: cannot import {dotted}: {exc}") from None
-        return obj
-    raise UsageError(f"kvguard spec: error: cannot import {dotted}")

@@ -89,6 +89,7 @@ def install(guard) -> None:
         wrappers[spec.share] = wrap_share(guard, guard._bound[spec.share])
     if spec.owner_arg is not None:
         wrappers = {m: as_holder(guard, w, m) for m, w in wrappers.items()}
+    wrappers.update(guard._shapes.wrappers_for(guard))  # ids in an argument: shapes
     for method, wrapper in wrappers.items():
         if method not in guard._originals:
             guard._originals[method] = own.get(method, MISSING)
@@ -100,15 +101,13 @@ def wrap_free(guard, original):
     call's ledger, none repeated) is inlined with everything it needs bound as locals: this
     is where the overhead budget goes, so every line counts. Refcounted pools drop one
     reference per id; a block whose count reaches 0 becomes a tombstone."""
-    return guard._shapes.wrapper_for(guard, "free", original) or wrap_release(
-        guard, original, guard.spec.free, guard._free_param, share=False)
+    return wrap_release(guard, original, guard.spec.free, guard._free_param, share=False)
 
 
 def wrap_share(guard, original):
     """The share wrapper: the fast path adds a reference to ids that are live or cached
     (a tombstone, revived); never-seen ids and every fault go the careful way."""
-    return guard._shapes.wrapper_for(guard, "share", original) or wrap_release(
-        guard, original, guard.spec.share, guard._share_param, share=True)
+    return wrap_release(guard, original, guard.spec.share, guard._share_param, share=True)
 
 
 def wrap_release(guard, original, method, param, share):
@@ -269,9 +268,6 @@ def wrap_release(guard, original, method, param, share):
 def wrap_alloc(guard, original):
     """The allocation wrapper: forward first, then check what came back. The fast path
     takes ids that are all free or unseen in the call's ledger, each once."""
-    shaped = guard._shapes.wrapper_for(guard, "alloc", original)
-    if shaped is not None:
-        return shaped
     lock = guard.lock
     owned, acquire, unlock = lock._is_owned, lock.acquire, lock.release
     read = fast_reader(guard, result=True) if fast_path(guard) else None

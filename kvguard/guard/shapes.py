@@ -216,6 +216,17 @@ def wrapper_for(guard, role, original):
     return None
 
 
+def wrappers_for(guard) -> dict:
+    """Method name -> wrapper, for the spec's methods whose shape needs one of these."""
+    out = {}
+    for role in ("free", "share", "alloc"):
+        name = getattr(guard.spec, role)
+        wrapper = wrapper_for(guard, role, guard._bound[name]) if name else None
+        if wrapper is not None:
+            out[name] = wrapper
+    return out
+
+
 def install_extras(guard) -> None:
     """Guard the spec's ``reset``, ``also_alloc`` and ``also_free`` methods (none, if one is
     missing: the guard is taken off again and the error raised)."""

@@ -1690,6 +1690,8 @@ cmp_ll(const void *a, const void *b)
 static int
 ids_ok(PyObject *list, Hot *h, int want, long long *ids)
 {
+    /* No Python code runs in here (as_ll reads exact ints only; PyMem_Malloc never collects):
+       the list's length and the stamp column's size and items stay as read. */
     Py_ssize_t n = PyList_GET_SIZE(list), i, j;
     Py_ssize_t size = Py_SIZE(h->stamp);
     const int64_t *stamp = (const int64_t *)ARR(h->stamp)->ob_item;
@@ -2173,6 +2175,16 @@ read_scalars(Wrapper *w, PyObject *value)
     PyObject *out = PyList_New(n);  /* its items NULL until set: safe to drop part-filled */
     if (out == NULL)
         return NULL;
+    /* [mutation] That allocation may have run the collector, and a finalizer the caller's
+       list (a list may be cleared, leaving no item array at all, or grow): the length is
+       read again, and a list that changed is the Python reader's, which reads it as it is
+       now. Past this point only learning a type runs Python code (checked again below);
+       cached_int makes ints, which the collector does not track, and drops one, which has no
+       finalizer. */
+    if (PySequence_Fast_GET_SIZE(value) != n) {
+        Py_DECREF(out);
+        Py_RETURN_NOTIMPLEMENTED;
+    }
     for (i = 0; i < n; i++) {
         PyObject *item = PySequence_Fast_GET_ITEM(value, i), *b = NULL;
         long long v;
@@ -2181,8 +2193,9 @@ read_scalars(Wrapper *w, PyObject *value)
             continue;
         }
         if ((PyObject *)Py_TYPE(item) != w->np_type) {  /* a type not read last time */
-            /* Learning a type may run code (numpy's; a metaclass's __hash__) that changes the
-               list: the item is held, and read only if the list still holds it there. */
+            /* [mutation] Learning a type may run code (numpy's; a metaclass's __hash__; the
+               collector) that changes the list: the item is held, and read only if the list
+               still holds it there, at the length read. */
             int k, same;
             Py_INCREF(item);
             k = numpy_kind(w, item);
@@ -2316,6 +2329,7 @@ read_ids(Wrapper *w, PyObject *value)
         if (PyList_CheckExact(value) || PyTuple_CheckExact(value)) {
             Py_ssize_t i, n = PySequence_Fast_GET_SIZE(value);
             PyObject **items = PySequence_Fast_ITEMS(value);
+            /* no Python code runs in this loop: n and items stay the list's */
             for (i = 0; i < n; i++)
                 if (!PyLong_CheckExact(items[i]))
                     break;
@@ -2514,6 +2528,12 @@ release_locked(Wrapper *w, Call *c)
         site = capture_site(w, who);
         if (site == NULL)
             goto error;
+        /* [mutation] Since the read, Python code may have run (the collector at any
+           allocation above, and its finalizers): a caller's list that no longer has the
+           length read goes the careful way, which reads it as it is now, so the ledger
+           records what the allocator is given (as the closure checks). */
+        if (PyList_CheckExact(value) && PyList_GET_SIZE(value) != n)
+            goto careful;
         result = call_original(w, c);
         if (result == NULL)
             goto error;

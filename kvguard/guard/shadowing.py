@@ -112,7 +112,7 @@ def wrap_share(guard, original):
 
 def wrap_release(guard, original, method, param, share):
     lock = guard.lock
-    owned, acquire, unlock = lock._is_owned, lock.acquire, lock.release
+    owned = lock._is_owned
     pos = param.pos if param.pos is not None else -1 - (1 << 30)
     name, default = param.name, param.default
     read = fast_reader(guard, result=False) if fast_path(guard) else None
@@ -140,8 +140,7 @@ def wrap_release(guard, original, method, param, share):
     def release(*args, **kwargs):
         if owned():  # the allocator calling itself, or the guard forwarding: pass through
             return original(*args, **kwargs)
-        acquire()
-        try:
+        with lock:  # no bytecode between taking the lock and the block that drops it
             try:
                 value = args[pos]
             except IndexError:
@@ -199,6 +198,8 @@ def wrap_release(guard, original, method, param, share):
                                     ok = False
                                     break
                                 mixed = mixed or stamp[b] > 0
+                    if ok and type(value) is list and len(value) != n:
+                        ok = False  # changed since the read (a finalizer): read it again
                     if ok:
                         who = owner_var() if share else 0
                         try:
@@ -257,8 +258,6 @@ def wrap_release(guard, original, method, param, share):
             if share:
                 return slow(guard, original, args, kwargs)
             return slow(guard, original, args, kwargs, value)
-        finally:
-            unlock()
 
     release.__wrapped__ = original
     release.__kvguard__ = guard
@@ -269,7 +268,7 @@ def wrap_alloc(guard, original):
     """The allocation wrapper: forward first, then check what came back. The fast path
     takes ids that are all free or unseen in the call's ledger, each once."""
     lock = guard.lock
-    owned, acquire, unlock = lock._is_owned, lock.acquire, lock.release
+    owned = lock._is_owned
     read = fast_reader(guard, result=True) if fast_path(guard) else None
     plain = guard.spec.id_attr is None and guard.spec.skip is None  # an int result is its id
     main, ledger_of = fast_ledger(guard, guard.spec.alloc)
@@ -286,8 +285,7 @@ def wrap_alloc(guard, original):
     def allocate(*args, **kwargs):
         if owned():
             return original(*args, **kwargs)
-        acquire()
-        try:
+        with lock:  # no bytecode between taking the lock and the block that drops it
             result = original(*args, **kwargs)
             if read is not None:
                 try:
@@ -344,8 +342,6 @@ def wrap_alloc(guard, original):
                             history.append((clock, ids, site, pool, "allocate"))
                         return result
             return alloc_slow(guard, capture, args, kwargs, result, depth, up=2)
-        finally:
-            unlock()
 
     allocate.__wrapped__ = original
     allocate.__kvguard__ = guard

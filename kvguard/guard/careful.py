@@ -14,7 +14,7 @@ from .arguments import MISSING
 from .bookkeeping import commit_allocation, commit_release, follow_allocator
 from .checker import check_release
 from .decisions import contain, drains, protect, reject_faults, route_free
-from .readers import one_shot
+from .readers import UNSIZED_READ, one_shot
 
 
 def free_slow(guard, original, args, kwargs, value):
@@ -96,6 +96,17 @@ def alloc_slow(guard, capture, args, kwargs, result, depth, up=1):
         site = capture(up, depth, ACTIVE_OWNER.get())
     except Exception as exc:
         site = contain(guard, exc)
-    seen, result = one_shot(result)
+    seen, result = one_shot(result, read_bound(guard, args, kwargs))
     protect(guard, commit_allocation, guard, args, kwargs, seen, site)
     return result
+
+
+def read_bound(guard, args, kwargs) -> int:
+    """How many ids of a lazy allocation result the guard reads: one more than the call's pool
+    has blocks (a result that long repeats an id or leaves the pool, and the ledger names it),
+    never the whole of an endless iterator."""
+    try:
+        size = guard.ledger(guard._pool_of(guard.spec.alloc, args, kwargs)).size
+    except Exception:
+        size = None
+    return UNSIZED_READ if size is None else size + 1

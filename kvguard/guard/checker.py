@@ -9,8 +9,6 @@ out of range, never handed out, already free; a block handed out while live). Te
 
 from __future__ import annotations
 
-import operator
-
 from .. import kinds
 from ..normalized import Fault
 from ..owners import OWNERS
@@ -219,18 +217,18 @@ def engine_refcounts(attr, norm):
     objects = norm.objects
     if objects is None:
         return None
-    try:
-        return list(map(operator.attrgetter(attr), objects))
-    except Exception:
-        return [_count_or_none(obj, attr) for obj in objects]
+    return [_count_or_none(obj, attr) for obj in objects]
 
 
 def _count_or_none(obj, attr):
+    """A count the ledger can take: an int in the int32 column's range (negative ones are
+    the engine's to answer for: they read as none held). Anything else (not an int, past
+    int32, unreadable) is None: that block's ledger decides, and no other block's."""
     try:
         value = getattr(obj, attr)
     except Exception:
         return None
-    return value if type(value) is int else None
+    return value if type(value) is int and value <= 2 ** 31 - 1 else None
 
 
 def more(ids) -> str:

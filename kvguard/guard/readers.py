@@ -5,6 +5,7 @@ and, where the compiled wrappers read ids themselves, described to them by the s
 
 from __future__ import annotations
 
+import itertools
 import operator
 import sys
 
@@ -107,12 +108,17 @@ def int_tensor_ids(value):
     return ids if type(ids) is list and ids else None
 
 
-def one_shot(result):
+UNSIZED_READ = 1 << 16
+"""How many ids of a lazy allocation result the guard reads from a pool of unknown size."""
+
+
+def one_shot(result, bound: int = UNSIZED_READ):
     """``(what the ledger reads, what the caller gets)`` for an allocation's result. A one-shot
     iterator (a generator, ``map``, ``iter(list)``) can be read only once: the guard drains it
     into a list and the caller gets a fresh iterator over the same ids, which fails the way the
-    original did, at the same point, if the allocator's iterator raised midway. Anything else
-    is read in place and handed back untouched."""
+    original did, at the same point, if the allocator's iterator raised midway. It reads at
+    most ``bound`` ids: past them the caller gets the rest of the original, unread (an endless
+    iterator is never drained). Anything else is read in place and handed back untouched."""
     try:
         if iter(result) is not result:
             return result, result
@@ -122,6 +128,8 @@ def one_shot(result):
     try:
         for item in result:
             items.append(item)
+            if len(items) >= bound:
+                return items, itertools.chain(list(items), result)
     except Exception as exc:
         return items, _then_raise(list(items), exc)
     return items, iter(list(items))

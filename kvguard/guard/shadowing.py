@@ -30,6 +30,10 @@ from .decisions import contain
 from .holders import as_holder
 from .readers import fast_ledger, fast_reader, keeps_all_for
 
+INT32_MAX = 2 ** 31 - 1
+"""The largest reference count the ledger's column holds: an engine's count past it is
+settled by the careful path."""
+
 ACCEL = compiled.FASTPATH
 """The compiled wrappers in use, or None for the closures below (the reference). Tests switch
 it to run the guard both ways."""
@@ -176,7 +180,7 @@ def wrap_release(guard, original, method, param, share):
                             ok = len(set(ids)) == n
                     if ok and held is not None:
                         for count in held:
-                            if type(count) is not int or count <= 0:
+                            if type(count) is not int or not 0 < count <= INT32_MAX:
                                 ok = False
                                 break
                     h = holder_var.get()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import stat
 import sys
 import tokenize
 
@@ -83,7 +84,8 @@ def _excluded(name: str) -> bool:
 
 
 def _files(paths):
-    """(display path, real path) of every file to check, in a stable order."""
+    """Every file to check, in a stable order: ``(path, tree)``, where ``tree`` is the directory
+    it was found under (None for a file named on the command line)."""
     found = []
     for path in paths:
         if os.path.isdir(path):
@@ -91,12 +93,49 @@ def _files(paths):
                 dirnames[:] = sorted(d for d in dirnames if not _excluded(d))
                 for filename in sorted(filenames):
                     if filename.endswith(".py") and not _excluded(filename):
-                        found.append(os.path.join(current, filename))
+                        found.append((os.path.join(current, filename), path))
         elif os.path.exists(path):
-            found.append(path)
+            found.append((path, None))
         else:
             raise UsageError(f"{path}: no such file or directory")
     return found
+
+
+def _read_source(path, tree):
+    """``(bytes, None)``, or ``(None, why it is skipped)``. A source tree is untrusted: only a
+    regular file is read (a FIFO would block, a device never end), found under a tree only if
+    it lies inside it (a symlink out of the tree is not the tree's), and only up to
+    ``project.MAX_SOURCE_BYTES``. Opened without blocking: a FIFO with no writer cannot hang."""
+    limit = project.MAX_SOURCE_BYTES
+    if tree is not None:
+        real, top = os.path.realpath(path), os.path.realpath(tree)
+        if os.path.commonpath([real, top]) != top:
+            return None, f"skipped: a symlink out of {tree} (to {real})"
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    fd = os.open(path, flags)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None, f"skipped: not a regular file ({_file_kind(info.st_mode)})"
+        if info.st_size > limit:
+            return None, (f"skipped: {info.st_size:,} bytes, over the {limit:,}-byte limit "
+                          "for a source file")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            data = handle.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:  # it grew while read
+        return None, f"skipped: over the {limit:,}-byte limit for a source file"
+    return data, None
+
+
+def _file_kind(mode) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return name
+    return "not a file"
 
 
 def _decode(data: bytes):
@@ -132,7 +171,7 @@ class _Run:
     def warn(self, message):
         self.err.write(f"{PROG}: {message}\n")
 
-    def check(self, path):
+    def check(self, path, tree=None):
         root = project.find_root(path)
         try:
             config = config_module.project_config(root)
@@ -141,11 +180,13 @@ class _Run:
         for message in config_module.take_warnings(root):
             self.warn(f"warning: {message}")
         try:
-            with open(path, "rb") as handle:
-                data = handle.read()
+            data, skipped = _read_source(path, tree)
         except OSError as exc:
             self.warn(f"{path}: cannot read: {exc.strerror or exc}")
             self.failed = True
+            return
+        if skipped is not None:
+            self.warn(f"{path}: {skipped}")
             return
         text = _decode(data)
         if text is None:
@@ -210,8 +251,8 @@ def main(argv=None, *, out=None, err=None) -> int:
         select = _select(options.select, CODES + (SKIPPED,))
         files = _files(options.paths)
         run = _Run(options, select, out, err)
-        for path in files:
-            run.check(path)
+        for path, tree in files:
+            run.check(path, tree)
         return run.finish()
     except UsageError as exc:
         err.write(f"{PROG}: error: {exc}\n")

@@ -467,6 +467,8 @@ def build(root: str) -> ProjectIndex:
                 MAX_FILES,
             )
             break
+        if stat.st_size > project.MAX_SOURCE_BYTES:
+            continue
         relative = path[prefix:]
         stamps[relative] = [stat.st_mtime_ns, stat.st_size]
         listed.append((path, relative))

@@ -1,6 +1,7 @@
 """`kvguard lint` (flake8_kvguard.cli.main): exit codes, errors, formats, config, --fix."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -48,14 +49,14 @@ def test_usage_errors_are_one_line_and_exit_2(tmp_path, args, message):
 
 def test_unreadable_file_is_reported_and_the_rest_still_checked(tmp_path, monkeypatch):
     write_project(tmp_path, {"secret.py": BAD, "bad.py": BAD})
-    real_open = open
+    real_open = os.open
 
     def guarded_open(path, *args, **kwargs):
         if str(path).endswith("secret.py"):
             raise PermissionError(13, "Permission denied")
         return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr("builtins.open", guarded_open)
+    monkeypatch.setattr(os, "open", guarded_open)
     status, out, err = run_cli(["bad.py", "secret.py"], tmp_path)
     assert status == 2
     assert err == "kvguard lint: secret.py: cannot read: Permission denied\n"

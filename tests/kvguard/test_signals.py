@@ -7,11 +7,12 @@ unchecked as the allocator "calling itself", other threads hung). Here a repeati
 timer raises into the guard's own frames (never into the allocator's: the allocator is the
 engine's code, and one interrupted half-way is corrupt whoever guards it) thousands of times,
 on the compiled wrappers, the closures and the careful path; afterwards the lock is free,
-another thread takes it at once, later calls are checked, and (where no Python bytecode of
-the guard runs between the allocator's return and the ledger's update: the compiled fast path)
-the ledger is the allocator's.
+another thread takes it at once, and later calls are checked. (The ledger is not compared: in
+Python, an exception landing in the instant between the allocator's return and the ledger's
+update loses that one call's record; see docs/reliability.md.)
 """
 
+import os
 import signal
 import threading
 
@@ -29,21 +30,25 @@ class Interrupt(Exception):
     pass
 
 
+KVGUARD = os.path.dirname(kvguard.__file__)
 ALLOCATOR_CODE = {LinkedFreeList.allocate.__code__, LinkedFreeList.free.__code__}
 
 
 def _storm(calls: int, work) -> int:
     """``work()`` ``calls`` times under a timer raising ``Interrupt`` every 50 microseconds in
-    whatever frame runs then, unless it is the allocator's. Returns how many landed."""
+    whatever frame of ``work`` or of kvguard runs then (not the allocator's, nor pytest's).
+    Returns how many landed."""
     landed = [0]
-    own = _storm.__code__  # the storm's own loop is not a guarded call
+    own = set()  # the storm's own loop and its handler are not a guarded call
 
     def handler(signum, frame):
-        if frame is None or frame.f_code in ALLOCATOR_CODE or frame.f_code is own:
+        if frame is None or frame.f_code in ALLOCATOR_CODE or frame.f_code in own or not (
+                frame.f_code is work.__code__ or frame.f_code.co_filename.startswith(KVGUARD)):
             return
         landed[0] += 1
         raise Interrupt
 
+    own.update((_storm.__code__, handler.__code__))
     old = signal.signal(signal.SIGALRM, handler)
     signal.setitimer(signal.ITIMER_REAL, 0.00005, 0.00005)
     try:
@@ -102,6 +107,3 @@ def test_a_signal_raising_anywhere_in_a_guarded_call_never_leaves_the_lock_held(
     with pytest.raises(ValueError):  # log mode forwards it: the allocator refuses it
         pool.free(ids)
     assert [v.kind for v in guard.violations[before:]] == ["double-free"]
-    if accel is not None and fast:  # no bytecode of the guard between allocator and ledger
-        out = {b for b in range(64) if pool._blocks[b] == -1}
-        assert set(guard.live) == out

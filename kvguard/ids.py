@@ -101,6 +101,12 @@ def like(given, ids: list):
 
 def _normalize(value, tensor_ok, id_attr, skip, iterator_ok, consume, what) -> Normalized:
     tp = type(value)
+    if tp is list:
+        # Read a copy: reading runs code (the collector at any allocation, and finalizers
+        # that may change the caller's list; ``skip``) and must see one state of the list,
+        # never a part of it. ``list()`` copies after its own allocation, in one step
+        # (``value.copy()`` and ``value[:]`` read the length first).
+        value = list(value)
     if tp is list or tp is tuple:
         quick = _plain_items(value, id_attr, skip)
         if quick is not None:

@@ -124,7 +124,7 @@ def _under_pressure(threshold, call, mutate):
             if armed.pop():  # a finalizer the call did not run is disarmed after it
                 mutate()
 
-    gc.collect(0)  # gen0 count from zero: the threshold counts this call's allocations
+    gc.collect()  # a full one: it also empties the free lists, whose reuse never collects
     Finalizer()
     old = gc.get_threshold()
     gc.set_threshold(threshold)

@@ -99,11 +99,7 @@ class Totals:
         current = guards()
         with self._lock:
             for guard in current:
-                if guard not in self._seen:
-                    last = self._seen[guard] = {"seeded": 0}
-                    retire = weakref.finalize(guard, self._retire, _identity(guard),
-                                              guard.stats, last)
-                    retire.atexit = False  # at exit the guard is still here, and counted
+                self._see(guard)
             every = list(self._seen.items())
             counters = Counter(self.retired)
         gauges: Counter = Counter()
@@ -117,14 +113,32 @@ class Totals:
                 gauges.update(g)
         return dict(counters), dict(gauges)
 
+    def _see(self, guard) -> dict:
+        """The entry of ``guard`` (made on first sight, with the finalizer that retires its
+        counts when it is collected). Under ``_lock``."""
+        last = self._seen.get(guard)
+        if last is None:
+            last = self._seen[guard] = {"seeded": 0}
+            retire = weakref.finalize(guard, self._retire, _identity(guard), guard.stats, last)
+            retire.atexit = False  # at exit the guard is still here, and counted
+        return last
+
     def after_fork_in_child(self) -> dict:
-        """In a forked child: fresh locks (another thread may have held ours at the fork), and
-        the counters as they stand, read without taking any guard's lock (the forking thread is
-        the only one left, and a lock held at the fork would never be released)."""
+        """In a forked child: a fresh lock (another thread may have held ours at the fork), and
+        the counters as they stand at the fork, over every guard alive, whether a read has seen
+        it or not (the child counts from there: once only the guards read before the fork were
+        in it, a fork before the writer's first push made the child count the parent's calls
+        again). Guards' locks are free by now (kvguard.guard's own at-fork hook runs first)."""
+        from ..guard import guards
         self._lock = threading.Lock()
         counters = Counter(self.retired)
-        for guard, last in list(self._seen.items()):
-            figures = {**guard.stats.to_dict(), "seeded": last["seeded"]}
+        for guard in guards():
+            last = self._see(guard)
+            try:
+                figures = guard.snapshot()
+            except Exception:  # a guard half-made at the fork: its counters alone
+                figures = {**guard.stats.to_dict(), "seeded": last["seeded"]}
+            last["seeded"] = figures["seeded"]
             counters.update(_figures_to_samples(_identity(guard), figures)[0])
         return dict(counters)
 
@@ -179,6 +193,7 @@ class MultiprocessWriter:
         self._thread = None
         self._failed = False
         self._reaped: set = set()
+        _hold_at_fork(self)
 
     def make_metrics(self) -> dict:
         """``{name: metric}`` for every entry of ``METRICS``, each with ``labels(*values)``
@@ -213,8 +228,8 @@ class MultiprocessWriter:
         """Copy the figures into the metric objects: counters by their increase since the last
         push, gauges as they are (zero for allocators gone, and for all of them when ``final``)."""
         try:
+            counters, gauges = self.totals.read()  # the guards' locks: outside the push lock
             with self._push_lock:
-                counters, gauges = self.totals.read()
                 for key, value in counters.items():
                     name, labels = key
                     child = self._metrics[name].labels(*labels)  # there from zero on
@@ -244,6 +259,36 @@ class MultiprocessWriter:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=max(1.0, self.interval))
         self.push(final=True)
+
+
+def _hold_at_fork(writer) -> None:
+    """Fork only while ``writer`` is outside ``prometheus_client``: its push lock is taken
+    before the fork and let go after it (in the child, the child's writer makes a new one), so
+    a child never inherits a lock of ``prometheus_client``'s that our thread held half-way
+    through a push (its first write would wait forever). The push lock is held only around
+    the metric objects' updates, never while a guard's lock is waited for, so taking it here
+    waits for one update at most (and gives up after 10 s rather than hang a fork)."""
+    if not hasattr(os, "register_at_fork"):
+        return
+    ref = weakref.ref(writer)
+    taken = []
+
+    def before() -> None:
+        w = ref()
+        if w is not None and w._push_lock.acquire(timeout=10):
+            taken.append(w._push_lock)
+
+    def after() -> None:
+        while taken:
+            taken.pop().release()
+
+    def in_child() -> None:
+        taken.clear()
+        w = ref()
+        if w is not None:
+            w._push_lock = threading.Lock()
+
+    os.register_at_fork(before=before, after_in_parent=after, after_in_child=in_child)
 
 
 def _multiprocess(prometheus_client) -> bool:

@@ -3,12 +3,17 @@ process, with a ``start`` line first and one ``stats`` line per guard at the end
 
 The sink writes the first occurrence of each (kind, call site) and then one in
 ``KVGUARD_LOG_EVERY``, stops at ``KVGUARD_LOG_MAX_MB``, and swallows its own I/O errors: staging
-must never hurt the serving path.
+must never hurt the serving path. It writes inside the guarded call, under the guard's lock, so
+it never waits: the file is opened non-blocking (a FIFO with no reader), and a line that cannot
+be written at once (a full pipe, a full disk) is dropped and counted (``dropped``, in each
+``stats`` line). A regular file's write is one ``os.write``; POSIX has no non-blocking write to
+a regular file, so a disk that stalls every write (a hung network mount) still stalls it.
 """
 
 from __future__ import annotations
 
 import collections
+import errno
 import json
 import logging
 import os
@@ -19,6 +24,14 @@ import time
 import weakref
 
 from .records import FORMAT_VERSION
+
+_OPEN_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NONBLOCK", 0)
+               | getattr(os, "O_NOCTTY", 0))
+_DROP_ERRORS = frozenset(getattr(errno, name) for name in (
+    "EAGAIN", "EWOULDBLOCK", "EPIPE", "ENXIO", "ENOSPC", "EDQUOT", "EFBIG", "EIO")
+    if hasattr(errno, name))
+"""A write that fails with one of these drops its line (counted in ``dropped``): the pipe is
+full or has no reader, or the disk is full. Anything else stops the sink with one error."""
 
 
 def names_directory(template: str) -> bool:
@@ -90,6 +103,7 @@ class JsonLinesSink:
         self.dropped = 0
         self.failed = False
         self.closed = False
+        self._no_reader_said = False
         self._seen: dict = {}
         self._baseline = weakref.WeakKeyDictionary()
         self._checkpointed = weakref.WeakKeyDictionary()
@@ -228,11 +242,10 @@ class JsonLinesSink:
     def _write(self, record: dict, force: bool = False) -> None:
         if self.failed:
             return
-        if self._fd is None:
-            self._open()
-        data = (json.dumps(record, default=repr) + "\n").encode()
-        os.write(self._fd, data)
-        self.written += len(data)
+        if self._fd is None and not self._open():
+            self.dropped += 1
+            return
+        self._put((json.dumps(record, default=repr) + "\n").encode())
 
     def open_now(self) -> None:
         """Write the ``start`` line now rather than at the first line to write: a process that
@@ -244,12 +257,40 @@ class JsonLinesSink:
         except Exception as exc:
             self._fail(exc)
 
-    def _open(self) -> None:
+    def _put(self, data: bytes) -> bool:
+        """One line, written at once or dropped and counted: never waited for. This runs
+        inside the guarded call, under the guard's lock: a full pipe, a reader gone, a full
+        disk cost the line, not the engine's time."""
+        try:
+            os.write(self._fd, data)
+        except OSError as exc:
+            if exc.errno not in _DROP_ERRORS:
+                raise
+            self.dropped += 1
+            if exc.errno in (errno.EPIPE, errno.ENXIO):  # a FIFO's reader left: open again
+                self._close_fd()                         # at the next line
+            return False
+        self.written += len(data)
+        return True
+
+    def _open(self) -> bool:
+        """Open the file (non-blocking: a FIFO with no reader is an error at once, not a
+        wait) and write the ``start`` line; False when there is nobody to read it yet."""
         self.path = log_path(self.template)
         directory = os.path.dirname(self.path)
         if directory:
             os.makedirs(directory, exist_ok=True)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            self._fd = os.open(self.path, _OPEN_FLAGS, 0o644)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:
+                raise
+            if not self._no_reader_said:
+                self._no_reader_said = True
+                from ..logger import emit
+                emit(logging.WARNING, "kvguard: %s is a FIFO with no reader: violation "
+                     "records are dropped (and counted) until one opens it", self.path)
+            return False
         from .. import __version__
         start = {"kvguard": FORMAT_VERSION, "event": "start", "time": time.time(),
                  "pid": os.getpid(), "ppid": os.getppid(), "host": socket.gethostname(),
@@ -258,9 +299,15 @@ class JsonLinesSink:
         if self.run is not None:
             start["run"] = self.run
         _add_ray_context(start)
-        data = (json.dumps(start, default=repr) + "\n").encode()
-        os.write(self._fd, data)
-        self.written += len(data)
+        return self._put((json.dumps(start, default=repr) + "\n").encode())
+
+    def _close_fd(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def _fail(self, exc: BaseException) -> None:
         if not self.failed:

@@ -107,7 +107,7 @@ class Writer:
             return f"held[{b}]"
         block = self.source.get("block")
         if block is None:
-            return f"<block {b}: set Driver.source['block']>"
+            return f"<block {b!r}: set Driver.source['block']>"
         return block.format(a="a", id=b)
 
     def value(self, step: Step) -> str:
@@ -170,7 +170,9 @@ class Writer:
     # --- steps ---
 
     def emit(self, line: str = "") -> None:
-        self.lines.append(line)
+        # one physical line each: text that came from a log or an allocator (a repr in a
+        # comment) can never start a line of code
+        self.lines.append(line.replace("\r", "\\r").replace("\n", "\\n"))
 
     def step(self, step: Step, last: bool, final_probe: bool) -> None:
         if step.op == "count":
@@ -303,7 +305,7 @@ class Writer:
             imports.append(f"from {cls.__module__} import {cls.__qualname__.split('.')[0]}")
         text = "\n".join(imports) + "\n\n\n" if imports else ""
         text += f"def {name}():\n"
-        text += textwrap.indent(f'"""{doc}"""\n' + "\n".join(body), "    ") + "\n"
+        text += textwrap.indent(docstring_literal(doc) + "\n" + "\n".join(body), "    ") + "\n"
         return text
 
 
@@ -326,6 +328,41 @@ def _short(error: BaseException) -> str:
     return text if len(text) <= 70 else text[:67] + "..."
 
 
+def docstring_literal(doc: str) -> str:
+    """``doc`` as a string literal: triple-quoted when it reads back as exactly ``doc`` (no
+    quote, backslash or control character in it to misread), else ``repr(doc)``. A log's
+    guard or file name reaches the docstring: it is data, never code."""
+    plain = '"""' not in doc and "\\" not in doc and not doc.endswith('"') and all(
+        c == "\n" or c.isprintable() for c in doc)
+    if plain:
+        literal = f'"""{doc}"""'
+        try:
+            if ast.literal_eval(literal) == doc:
+                return literal
+        except (SyntaxError, ValueError):
+            pass
+    return repr(doc)
+
+
+def validated(text: str, name: str, doc: str) -> str:
+    """``text`` if it is what the writer means to print: imports and one test function whose
+    docstring is ``doc``, compiling as it stands. Anything else (a value the writer did not
+    expect, reaching the code) is a ``ValueError``: the test is not printed."""
+    try:
+        tree = ast.parse(text)
+        compile(tree, f"<{name}>", "exec")
+    except (SyntaxError, ValueError) as exc:
+        raise ValueError(f"the emitted test does not compile ({exc}): not printed") from None
+    defs = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+    others = [n for n in tree.body if not isinstance(n, (ast.Import, ast.ImportFrom,
+                                                         ast.FunctionDef))]
+    if others or len(defs) != 1 or defs[0].name != name or \
+            ast.get_docstring(defs[0]) != inspect.cleandoc(doc):
+        raise ValueError("the emitted test is not one test function with its docstring: "
+                         "not printed")
+    return text
+
+
 def _path(item, path):
     for part in (path or "").split("."):
         item = getattr(item, part, None)
@@ -346,4 +383,4 @@ def regression_test(run: Run, *, make: str | None = None, origin: str = "",
     if harm:
         paragraphs.append(f"The harm: {harm}.")
     doc = "\n\n".join(textwrap.fill(p, 88) for p in paragraphs)
-    return Writer(run, make, rejects_with).test(name, doc + "\n")
+    return validated(Writer(run, make, rejects_with).test(name, doc + "\n"), name, doc + "\n")

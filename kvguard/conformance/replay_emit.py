@@ -91,6 +91,21 @@ class _NONE:
     clause = None
 
 
+def trusted_class(name: str, trust: bool) -> str:
+    """Why the class a log names may be imported (importing runs its module's code, and a
+    log is untrusted input): it is registered with kvguard (the built-in engines' classes are,
+    by name), or the user said ``--trust``. Otherwise a ``UsageError``: nothing is imported."""
+    from ..cli import UsageError
+    from ..registry import registered
+    if name and name in registered():
+        return "registered with kvguard"
+    if trust:
+        return "--trust"
+    raise UsageError(f"kvguard replay: error: the log names the class {name!r}, which is not "
+                     "registered with kvguard; importing it would run its module's code: pass "
+                     "--trust if you trust this log and that module")
+
+
 def emit_command(replay, args) -> int:
     """``kvguard replay FILE --emit-test``: the test on stdout, how it was shrunk on stderr."""
     import sys
@@ -99,6 +114,8 @@ def emit_command(replay, args) -> int:
     from .fuzz import imported, spec_option, target_for
     from ..spec import AllocatorSpec
     name = replay.guard.get("class") or ""
+    why = trusted_class(name, getattr(args, "trust", False))
+    sys.stderr.write(f"kvguard replay: importing {name}, the class the log names ({why})\n")
     cls = imported(name, "replay", f"the allocator class {name or '(none recorded)'}")
     spec = spec_option(args.spec, "replay")
     try:

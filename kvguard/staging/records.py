@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 from .. import kinds
 
@@ -209,6 +210,56 @@ def _depth(value, limit: int) -> bool:
         elif type(item) is list:
             stack.extend((v, depth + 1) for v in item)
     return False
+
+
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e"
+                          "\u2066-\u2069]")
+MAX_FIELD_CHARS = 16384
+"""A longer string in a record is cut there (and says so): no field kvguard writes is that
+long."""
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters (and the bidirectional overrides, which reorder what
+    a terminal shows) escaped as ``\\xNN``/``\\uNNNN``: a field of a log printed to a terminal
+    cannot move the cursor, clear the screen, or start a line of its own that reads like one
+    of the report's."""
+    return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100
+                            else f"\\u{ord(m[0]):04x}", text)
+
+
+def as_data(record):
+    """A copy of a parsed record with every string (keys too) made ``printable`` and cut at
+    ``MAX_FIELD_CHARS``: what the readers show is data, never terminal control. Iterative:
+    ``problem()`` has bounded the depth already."""
+    def clean(text):
+        if len(text) > MAX_FIELD_CHARS:
+            text = text[:MAX_FIELD_CHARS] + f"...[{len(text) - MAX_FIELD_CHARS:,} more]"
+        return printable(text)
+
+    def copy(value):
+        if type(value) is str:
+            return clean(value)
+        if type(value) is dict:
+            return {}
+        if type(value) is list:
+            return []
+        return value
+
+    top = copy(record)
+    stack = [(record, top)]
+    while stack:
+        src, dst = stack.pop()
+        pairs = src.items() if type(src) is dict else enumerate(src)
+        for key, value in pairs:
+            new = copy(value)
+            if type(dst) is dict:
+                dst[clean(key) if type(key) is str else key] = new
+            else:
+                dst.append(new)
+            if type(value) in (dict, list):
+                stack.append((value, new))
+    return top
 
 
 def parse(line: str):

@@ -191,14 +191,18 @@ class Replay:
 
 
 def _violation_records(path: str) -> list:
+    from .records import printable
     from .summary import load, normalized
     records = load([path]).violations
     if records:
         return records
-    from .logfiles import open_log
+    from .logfiles import MAX_LINE_CHARS, open_log
     try:  # one pretty-printed Violation.to_dict(), or a list of them (gzipped or not)
         with open_log(path) as f:
-            data = json.load(f)
+            text = f.read(MAX_LINE_CHARS + 1)  # bounded, as each line of a log is
+        if len(text) > MAX_LINE_CHARS:
+            return []
+        data = json.loads(text)
     except (OSError, EOFError, zlib.error, ValueError, RecursionError):
         return []
     items = data if isinstance(data, list) else [data]
@@ -207,7 +211,7 @@ def _violation_records(path: str) -> list:
         rec = normalized(item)[0] if isinstance(item, dict) else None
         if rec is not None and rec["event"] == "violation":
             rec["process"] = (rec.get("host", ""), rec.get("pid", 0), 0, path)
-            rec["file"] = path
+            rec["file"] = printable(path)
             out.append(rec)
     return out
 
@@ -287,6 +291,9 @@ def replay_command(argv) -> int:
                         "built-in factory of `kvguard fuzz`)")
     parser.add_argument("--spec", metavar="MODULE.NAME", help="with --emit-test: the "
                         "kvguard.AllocatorSpec to read it with (default: its registered spec)")
+    parser.add_argument("--trust", action="store_true", help="with --emit-test: import the "
+                        "allocator class the log names even if it is not registered with "
+                        "kvguard (importing a module runs its code: only for a log you trust)")
     args = parser.parse_args(argv)
     if not os.path.isfile(args.file):
         raise UsageError(f"kvguard replay: error: no such file: {args.file}")

@@ -10,7 +10,7 @@ import time
 
 from . import raysummary
 from .logfiles import DESCRIPTION, collect_files, parse_since
-from .records import FORMAT_VERSION
+from .records import FORMAT_VERSION, printable
 from .summary import MAX_PROBLEMS_LISTED, load, since, summarize
 
 
@@ -140,11 +140,14 @@ def report_command(argv) -> int:
     parser.add_argument("--top", type=int, default=10, metavar="N",
                         help="call sites to list (default 10)")
     args = parser.parse_args(argv)
+    skipped = []
     try:
         cutoff = parse_since(args.since) if args.since is not None else None
-        files = collect_files(args.paths)
+        files = collect_files(args.paths, skipped)
     except ValueError as exc:
-        raise UsageError(f"kvguard report: error: {exc}") from None
+        raise UsageError(f"kvguard report: error: {printable(str(exc))}") from None
+    for path, why in skipped:  # a FIFO, a device, a symlink out of the directory
+        sys.stderr.write(f"kvguard report: {printable(path)}: {printable(why)}\n")
     if not files:
         raise UsageError(f"kvguard report: error: no *.jsonl files in {' '.join(args.paths)} "
                          "(nor gzipped or rotated ones)")

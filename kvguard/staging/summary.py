@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 
 from .. import kinds
 from . import raysummary
-from .logfiles import collect_files, open_log, rotation_set
-from .records import FORMAT_VERSION, is_bare_violation, is_kvguard, newer, parse, problem
+from .logfiles import MAX_LINE_CHARS, bounded_lines, collect_files, open_log, rotation_set
+from .records import (
+    FORMAT_VERSION, as_data, is_bare_violation, is_kvguard, newer, parse, printable, problem,
+)
 
 __all__ = ["Records", "collect_files", "load", "normalized", "of_run", "since", "summarize"]
 
@@ -53,7 +55,7 @@ class Records:
         return len(self.problems)
 
     def skip(self, path: str, line: int, why: str) -> None:
-        self.problems.append((path, line, why))
+        self.problems.append((printable(path), line, printable(why)))
 
 
 def load(files) -> Records:
@@ -68,7 +70,11 @@ def load(files) -> Records:
         number = 0
         try:
             with open_log(path) as f:
-                for number, line in enumerate(f, 1):
+                for number, line in enumerate(bounded_lines(f), 1):
+                    if line is None:
+                        records.skip(path, number, f"longer than {MAX_LINE_CHARS:,} "
+                                     "characters: skipped unread")
+                        continue
                     line = line.strip()
                     if line:
                         _read_line(records, instance, path, logged_as, number, line)
@@ -132,7 +138,7 @@ def _read_line(records: Records, instance: dict, path: str, logged_as: str, numb
     if record["event"] == "start":
         instance[who] = record.get("time", 0)
     record["process"] = (*who, instance.get(who, 0), logged_as)
-    record["file"] = path
+    record["file"] = printable(path)
     getattr(records, {"start": "starts", "stats": "stats",
                       "violation": "violations"}[record["event"]]).append(record)
 
@@ -155,8 +161,8 @@ def normalized(record: dict):
                       f"up to {FORMAT_VERSION}): upgrade kvguard to read it")
     why = problem(record)
     if why is not None:
-        return None, f"ill-formed {record.get('event')} record: {why}"
-    return record, None
+        return None, f"ill-formed {printable(str(record.get('event')))} record: {why}"
+    return as_data(record), None
 
 
 def _site(violation: dict) -> str:

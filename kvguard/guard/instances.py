@@ -11,8 +11,10 @@ GUARDS: "weakref.WeakSet" = weakref.WeakSet()
 
 
 def guards() -> list:
-    """Every guard alive in this process."""
-    return list(GUARDS)
+    """Every guard alive in this process. Read from a copy of the set's references, taken in
+    one step (``set.copy`` runs no Python code): iterating the weak set itself raised "Set
+    changed size during iteration" whenever another thread made a guard meanwhile."""
+    return [g for g in (ref() for ref in GUARDS.data.copy()) if g is not None]
 
 
 def engine_method(obj, name):

@@ -82,15 +82,18 @@ def _figures_to_samples(identity, figures) -> tuple:
 class Totals:
     """The figures of every guard this process has had, summed per label set.
 
-    Counters never go down: a guard that is unguarded keeps counting what it checked, and when
-    it is garbage collected its last counts move into ``retired``. A guard created and collected
-    between two reads was never seen, so its calls are not counted (engines keep their allocators
-    for the life of the process)."""
+    Counters never go down: a guard that is unguarded keeps counting what it checked, and once
+    it is garbage collected its last counts move into ``retired``, at the first read after, in
+    the same step that stops counting it alive (no finalizer: a finalizer waiting for the lock
+    while a read ran made that read count the guard nowhere, and the counters dropped under
+    churn). A guard created and collected between two reads was never seen, so its calls are
+    not counted (engines keep their allocators for the life of the process)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # kvguard's own bookkeeping, never a guard's lock
-        self._seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        """guard -> what its finalizer needs that only the live guard can tell (``seeded``)."""
+        self._seen: dict = {}
+        """weak reference to a guard -> [identity, stats, seeded]: what its last counts need
+        once it is gone."""
         self.retired: Counter = Counter()
 
     def read(self) -> tuple:
@@ -98,30 +101,40 @@ class Totals:
         from ..guard import guards
         current = guards()
         with self._lock:
-            for guard in current:
-                self._see(guard)
-            every = list(self._seen.items())
+            alive = self._sweep(current)
             counters = Counter(self.retired)
         gauges: Counter = Counter()
-        live = set(current)
-        for guard, last in every:
+        guarded = {id(guard) for guard in current}  # an unguarded one counts, but holds none
+        for guard, entry in alive:  # held strongly: none can go before it is counted
             figures = guard.snapshot()
-            last["seeded"] = figures["seeded"]
-            c, g = _figures_to_samples(_identity(guard), figures)
+            entry[2] = figures["seeded"]
+            c, g = _figures_to_samples(entry[0], figures)
             counters.update(c)
-            if guard in live:
+            if id(guard) in guarded:
                 gauges.update(g)
         return dict(counters), dict(gauges)
 
-    def _see(self, guard) -> dict:
-        """The entry of ``guard`` (made on first sight, with the finalizer that retires its
-        counts when it is collected). Under ``_lock``."""
-        last = self._seen.get(guard)
-        if last is None:
-            last = self._seen[guard] = {"seeded": 0}
-            retire = weakref.finalize(guard, self._retire, _identity(guard), guard.stats, last)
-            retire.atexit = False  # at exit the guard is still here, and counted
-        return last
+    def _sweep(self, current) -> list:
+        """Under ``_lock``: note the guards in ``current`` not seen yet, move the counts of
+        those gone into ``retired``, and return ``(guard, entry)`` for those alive."""
+        for guard in current:
+            ref = weakref.ref(guard)
+            entry = self._seen.get(ref)
+            if entry is None:
+                self._seen[ref] = [_identity(guard), guard.stats, 0]
+            else:
+                entry[1] = guard.stats
+        alive = []
+        for ref, entry in list(self._seen.items()):
+            guard = ref()
+            if guard is None:
+                identity, stats, seeded = entry
+                figures = {**stats.to_dict(), "seeded": seeded}
+                self.retired.update(_figures_to_samples(identity, figures)[0])
+                del self._seen[ref]
+            else:
+                alive.append((guard, entry))
+        return alive
 
     def after_fork_in_child(self) -> dict:
         """In a forked child: a fresh lock (another thread may have held ours at the fork), and
@@ -131,22 +144,16 @@ class Totals:
         again). Guards' locks are free by now (kvguard.guard's own at-fork hook runs first)."""
         from ..guard import guards
         self._lock = threading.Lock()
+        alive = self._sweep(guards())
         counters = Counter(self.retired)
-        for guard in guards():
-            last = self._see(guard)
+        for guard, entry in alive:
             try:
                 figures = guard.snapshot()
             except Exception:  # a guard half-made at the fork: its counters alone
-                figures = {**guard.stats.to_dict(), "seeded": last["seeded"]}
-            last["seeded"] = figures["seeded"]
-            counters.update(_figures_to_samples(_identity(guard), figures)[0])
+                figures = {**guard.stats.to_dict(), "seeded": entry[2]}
+            entry[2] = figures["seeded"]
+            counters.update(_figures_to_samples(entry[0], figures)[0])
         return dict(counters)
-
-    def _retire(self, identity, stats, last) -> None:
-        figures = {**stats.to_dict(), "seeded": last["seeded"]}
-        counters, _gauges = _figures_to_samples(identity, figures)
-        with self._lock:
-            self.retired.update(counters)
 
 
 class Collector:

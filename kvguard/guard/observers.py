@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
+import threading
 
 from ..spec import read
 from . import baseline
@@ -73,9 +74,17 @@ def mutating_methods(cls) -> list:
     return out
 
 
+PARSING = threading.Lock()
+"""CPython 3.11's AST builder keeps its recursion depth per interpreter: two threads parsing
+at once raise ``SystemError('AST constructor recursion depth mismatch')``, and guards are made
+on any thread (found by tests/kvguard/test_churn.py)."""
+
+
 def changes_self(func) -> bool:
     try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
+        source = textwrap.dedent(inspect.getsource(func))
+        with PARSING:
+            tree = ast.parse(source)
     except (OSError, TypeError, SyntaxError):
         return False
     fn = tree.body[0] if tree.body else None

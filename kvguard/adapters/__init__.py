@@ -8,6 +8,7 @@ keywords cannot say (extra allocating/freeing methods, resets, deferred frees).
 
 from __future__ import annotations
 
+from .deepspeed import BOUNDARIES as _DEEPSPEED_BOUNDARIES
 from .deepspeed import SPECS as _DEEPSPEED
 from .huggingface import BOUNDARIES as _HUGGINGFACE_BOUNDARIES
 from .huggingface import SPECS as _HUGGINGFACE
@@ -19,5 +20,6 @@ from .vllm import SPECS as _VLLM
 
 BUILTIN_SPECS = {**_DEEPSPEED, **_VLLM, **_SGLANG, **_HUGGINGFACE, **_LMCACHE}
 
-BUILTIN_BOUNDARIES = {**_VLLM_BOUNDARIES, **_HUGGINGFACE_BOUNDARIES, **_SGLANG_BOUNDARIES}
+BUILTIN_BOUNDARIES = {**_DEEPSPEED_BOUNDARIES, **_VLLM_BOUNDARIES, **_HUGGINGFACE_BOUNDARIES,
+                      **_SGLANG_BOUNDARIES}
 """The engines' request and step boundaries (``kvguard.boundaries``), by dotted class name."""

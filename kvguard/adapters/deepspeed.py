@@ -17,6 +17,11 @@ is an instance of this class and is guarded itself, so neither container needs a
 
 from __future__ import annotations
 
+import functools
+import weakref
+
+from ..marks import guard_of
+from ..owners import holding
 from ..spec import AllocatorSpec
 
 BLOCKED_ALLOCATOR = "deepspeed.inference.v2.ragged.blocked_allocator.BlockedAllocator"
@@ -32,4 +37,70 @@ SPECS = {
         alloc="allocate", free="free", free_arg="blocks", size="_num_blocks",
         free_count="free_blocks", live_ids=_used_blocks,
     ),
+}
+
+
+# --- the request lifecycle around the allocators (kvguard.boundaries) -----------------------
+#
+# DeepSpeed names a sequence by its ``uid`` only in ``DSStateManager``: ``_create_sequence(uid)``
+# (reached through ``get_or_create_sequence``) makes its ``DSSequenceDescriptor`` and takes its
+# tracking slot, ``flush_sequence(uid)`` frees its blocks and slot. The model's
+# ``maybe_allocate_kv(sequence, n)`` reserves blocks through ``state_manager.allocate_blocks(n)``,
+# which is told no sequence, and hands them to ``sequence.extend_kv_cache(ids, cache_group)``;
+# the descriptor carries no uid. So ``_create_sequence`` runs as the uid and remembers which
+# manager and uid each descriptor is for; ``extend_kv_cache`` then makes the uid the holder of
+# the blocks it is given (whatever model implementation reserved them), and ``flush_sequence``
+# runs as the uid, so a flush of a uid whose blocks went to another sequence is a
+# ``stale-free``. A descriptor made before instrumentation has no holder: its blocks are not
+# checked for ownership.
+
+STATE_MANAGER = "deepspeed.inference.v2.ragged.ragged_manager.DSStateManager"
+SEQUENCE = "deepspeed.inference.v2.ragged.sequence_descriptor.DSSequenceDescriptor"
+
+_SEQUENCES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+"""descriptor -> (uid, its DSStateManager): what ``extend_kv_cache`` needs to name the holder."""
+
+
+def _creates_sequence(original):
+    @functools.wraps(original)
+    def _create_sequence(self, uid, *args, **kwargs):
+        with holding(uid):
+            sequence = original(self, uid, *args, **kwargs)
+        try:
+            _SEQUENCES[sequence] = (uid, weakref.ref(self))
+        except TypeError:  # a descriptor that takes no weak reference: not followed
+            pass
+        return sequence
+    return _create_sequence
+
+
+def _block_guard(manager, cache_group):
+    allocators = getattr(getattr(manager, "_kv_cache", None), "_allocators", ())
+    if not 0 <= cache_group < len(allocators):
+        return None
+    return guard_of(allocators[cache_group])
+
+
+def _extends_holder(original):
+    @functools.wraps(original)
+    def extend_kv_cache(self, new_ids, cache_group=0, *args, **kwargs):
+        result = original(self, new_ids, cache_group, *args, **kwargs)
+        known = _SEQUENCES.get(self)
+        manager = known[1]() if known is not None else None
+        guard = _block_guard(manager, cache_group) if manager is not None else None
+        if guard is not None:
+            groups = new_ids if isinstance(new_ids, (list, tuple)) else [new_ids]
+            ids = [int(b) for group in groups for b in group.reshape(-1).tolist()]
+            guard.add_holder(ids, known[0])
+        return result
+    return extend_kv_cache
+
+
+def _uid(args, kwargs):
+    return args[0] if args else kwargs.get("uid")
+
+
+BOUNDARIES = {
+    STATE_MANAGER: {"_create_sequence": ("around", _creates_sequence), "flush_sequence": _uid},
+    SEQUENCE: {"extend_kv_cache": ("around", _extends_holder)},
 }

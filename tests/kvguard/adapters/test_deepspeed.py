@@ -206,3 +206,71 @@ def test_state_manager_runs_clean_in_log_mode_apart_from_that_tensor(ds):
     assert [v.kind for v in kv_guard.violations] == ["tensor-id", "tensor-id"]
     assert kvguard.guard_of(manager._tracking_allocator).violations == []
     assert manager.free_blocks == [8] and kv_guard.check() == {None: (0, 0)}
+
+
+# --- who holds a block: the sequence's uid (kvguard.boundaries) ------------------------------
+
+
+def run_sequences(manager, uids, blocks=2):
+    """What ``InferenceEngineV2.put`` does per sequence: ``get_or_create_sequence(uid)``, then the
+    model's ``maybe_allocate_kv`` reserves blocks and hands them to ``extend_kv_cache``."""
+    for uid in uids:
+        seq = manager.get_or_create_sequence(uid)
+        seq.extend_kv_cache(manager.allocate_blocks(blocks))
+
+
+def kv_guard(manager):
+    return kvguard.guard_of(manager._kv_cache._allocators[0])
+
+
+def test_blocks_are_held_by_the_uid_of_the_sequence_they_extend(ds):
+    kvguard.instrument(on_violation="log")
+    manager = state_manager(ds)
+    run_sequences(manager, [11, 12])
+    g = kv_guard(manager)
+    held = {b: r.holder for b, r in g.live.items()}
+    assert held == {b: 11 for b in manager.get_sequence(11).all_block_ids().tolist()} | {
+        b: 12 for b in manager.get_sequence(12).all_block_ids().tolist()}
+    tracking = kvguard.guard_of(manager._tracking_allocator)
+    assert {r.holder for r in tracking.live.values()} == {11, 12}
+
+
+def test_a_correct_workload_with_reused_blocks_and_uids_reports_only_the_flush_tensor(ds):
+    """Sequences come and go, blocks and uids are reused: no ownership report. (The one report
+    is ``flush_sequence``'s own ``tensor-id``, shown above, on every flush.)"""
+    kvguard.instrument(on_violation="log")
+    manager = state_manager(ds)
+    for wave in range(5):
+        uids = [wave % 2 * 10 + k for k in range(3)]   # 0, 1, 2 then 10, 11, 12, ...
+        run_sequences(manager, uids, blocks=1 + wave % 2)
+        for uid in reversed(uids):
+            manager.flush_sequence(uid)
+    kinds = {v.kind for g in (kv_guard(manager), kvguard.guard_of(manager._tracking_allocator))
+             for v in g.violations}
+    assert kinds == {"tensor-id"}
+    assert manager.free_blocks == [8] and kv_guard(manager).live == {}
+
+
+@pytest.mark.parametrize("mode", ["raise", "log", "repair"])
+def test_a_flush_of_a_uid_whose_blocks_went_to_another_is_stale(ds, mode, quiet_kvguard_log):
+    """A path frees uid 1's blocks and keeps its descriptor (an engine's own preemption, say);
+    uid 2 is handed the same blocks; then ``flush_sequence(1)`` frees them again on uid 1's
+    behalf: the allocator takes it (they are live), uid 2's KV goes back on the free list."""
+    kvguard.instrument(on_violation=mode)
+    manager = state_manager(ds)
+    run_sequences(manager, [1])
+    stale = manager.get_sequence(1).all_block_ids().tolist()
+    manager._kv_cache.free(stale)
+    run_sequences(manager, [2])
+    assert sorted(manager.get_sequence(2).all_block_ids().tolist()) == sorted(stale)
+    g = kv_guard(manager)
+    if mode == "raise":
+        with pytest.raises(kvguard.KVGuardError):  # flush's tensor-id is the first fault
+            manager.flush_sequence(1)
+    else:
+        manager.flush_sequence(1)
+    stale_reports = [v for v in g.violations if v.kind == "stale-free"]
+    assert len(stale_reports) == 1 and sorted(stale_reports[0].block_ids) == sorted(stale)
+    assert "2 holds it" in stale_reports[0].message
+    if mode != "log":  # uid 2 keeps its blocks
+        assert manager.free_blocks == [6] and {r.holder for r in g.live.values()} == {2}

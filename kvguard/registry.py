@@ -30,13 +30,14 @@ from . import boundaries
 from .logger import emit
 from .marks import ATTR, guard_of
 from .owners import follow_threads, unfollow_threads
-from .spec import AllocatorSpec
+from .spec import AllocatorSpec, SpecMisfitError, misfit
 
 _specs: dict[str, AllocatorSpec] = {}
 _builtins_loaded = False
 _instrumented: dict | None = None  # guard() keywords while instrument() is on
 _patched: dict[type, object] = {}  # class -> its original __init__ (or _ABSENT)
 _dispatched: dict[tuple, object] = {}  # (class, method name) -> the function it defined
+_misfits: dict[str, str] = {}  # dotted name -> why its spec fits nothing (its instances unguarded)
 _factory = None  # kvguard.guard, handed over by the guard package (use_factory)
 _ABSENT = object()
 _UNPATCHABLE = object()  # a class whose __init__ cannot be set: noted once, left alone
@@ -75,9 +76,13 @@ def register(cls_or_name, spec: AllocatorSpec) -> None:
     if not isinstance(spec, AllocatorSpec):
         raise TypeError(f"register() needs a kvguard.AllocatorSpec, not {type(spec).__name__}")
     name = _dotted(cls_or_name)
+    problem = misfit(cls_or_name, spec) if isinstance(cls_or_name, type) else None
+    if problem is not None:
+        raise SpecMisfitError(f"kvguard.register({name}): {problem}")
     with _lock:
         _load_builtins()
         _specs[name] = spec
+        _misfits.pop(name, None)
         if _instrumented is not None:
             _patch_if_imported(name)
 
@@ -86,6 +91,7 @@ def unregister(cls_or_name) -> None:
     name = _dotted(cls_or_name)
     with _lock:
         _specs.pop(name, None)
+        _misfits.pop(name, None)
         for cls in [c for c in _patched if _dotted(c) == name]:
             _unpatch(cls)
 
@@ -95,6 +101,14 @@ def registered() -> dict[str, AllocatorSpec]:
     with _lock:
         _load_builtins()
         return dict(_specs)
+
+
+def misfits() -> dict[str, str]:
+    """Dotted name -> why its registered spec fits nothing of the class (a method it names is
+    missing), for the classes imported while instrumented: their instances run unguarded, and
+    the pytest plugin and staging say so once (a configuration error, not a violation)."""
+    with _lock:
+        return dict(_misfits)
 
 
 def spec_for(cls: type) -> AllocatorSpec | None:
@@ -167,6 +181,13 @@ def _patch_if_imported(name: str) -> None:
     true_name = _dotted(cls)
     if true_name != name:  # registered under a re-export: remember the spec by its own name too
         _specs.setdefault(true_name, _specs[name])
+    problem = misfit(cls, spec_for(cls) or AllocatorSpec(), name)
+    if problem is not None:  # a configuration error: said once, never a TypeError per instance
+        if name not in _misfits:
+            _misfits[name] = problem
+            emit(logging.WARNING, "kvguard: configuration error: %s; its instances run "
+                 "unguarded", problem)
+        return
     _patch(cls)
 
 

@@ -236,3 +236,42 @@ def per_pool(value, pool):
         return value[pool]
     except (TypeError, KeyError, IndexError):
         return value
+
+
+class SpecMisfitError(TypeError):
+    """A spec that names a method its class lacks: a configuration error, said in one line
+    where the spec is given (``register()``, the pytest plugin, ``kvguard fuzz``)."""
+
+
+def misfit(target, spec: AllocatorSpec, name: str | None = None) -> str | None:
+    """What keeps ``spec`` from fitting ``target`` (a class, or an instance: then each method
+    must be callable), in one line; None when every method it names is there."""
+    is_class = isinstance(target, type)
+    cls = target if is_class else type(target)
+    name = name or f"{cls.__module__}.{cls.__qualname__}"
+    keyed = {spec.alloc: "alloc", spec.free: "free", spec.share: "share"}
+    for method in spec.methods() + spec.extra_methods():
+        if is_class and _has(cls, method) or not is_class and callable(
+                getattr(target, method, None)):
+            continue
+        key = keyed.get(method, "reset/also_*")
+        default = getattr(DEFAULT_SPEC, key, None) == method
+        public = sorted(n for n in dir(cls) if not n.startswith("_") and callable(
+            getattr(cls, n, None)))
+        has = f"its public methods: {', '.join(public[:8])}" if public else "no public methods"
+        return (f"{name} has no method {method!r} (AllocatorSpec {key}={method!r}"
+                f"{', the default' if default else ''}); name its methods in the spec "
+                f"({has}; `kvguard spec suggest {name}` writes one)")
+    return None
+
+
+def _has(cls, method) -> bool:
+    """A class has ``method`` when its attribute of that name is there (a function, a
+    property, any descriptor), or when it computes attributes (``__getattr__``)."""
+    try:
+        getattr(cls, method)
+        return True
+    except AttributeError:
+        return hasattr(cls, "__getattr__")
+    except Exception:
+        return True

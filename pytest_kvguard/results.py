@@ -231,6 +231,8 @@ class Results:
         self.allocators: dict[str, dict] = {}
         self.report_error: str | None = None
         self.sites_full = False
+        self.misfits: dict[str, str] = {}
+        """Dotted name -> a registered spec that fits nothing of its class (kvguard.registry)."""
 
     def add_report(self, report) -> None:
         payload = getattr(report, "kvguard", None)
@@ -331,7 +333,8 @@ class Results:
                 + (f" ({classes})" if classes else "")
                 + f", {t['alloc_calls']} alloc / {t['free_calls']} free calls")
         expected = t["expected_violations"]
-        clean = not (t["violations"] or self.leaks or t["internal_errors"] or self.sites_full)
+        clean = not (t["violations"] or self.leaks or t["internal_errors"] or self.sites_full
+                     or self.misfits)
         if clean:
             tail = ": no violations, no leaks"
             if expected:
@@ -391,6 +394,9 @@ class Results:
                     text = summary_line(entry)
                 for line in text.splitlines():
                     tr.write_line(line)
+        for problem in self.misfits.values():
+            tr.write_line(f"kvguard: configuration error: {problem}; its instances ran "
+                          "unguarded (this fails the run)", red=True, bold=True)
         if t["internal_errors"]:
             tr.write_line(f"kvguard: {t['internal_errors']} internal error(s) in the guards: "
                           "those calls went through unchecked (see the 'kvguard' log)",

@@ -17,7 +17,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..spec import AllocatorSpec
+from ..registry import spec_for
+from ..spec import AllocatorSpec, misfit
 from .clauses import CLAUSES, Driver
 
 
@@ -258,6 +259,9 @@ def fuzz_command(argv) -> int:
         raise UsageError(f"kvguard fuzz: error: --factory: {exc.msg}") from None
     except ValueError as exc:
         raise UsageError(f"kvguard fuzz: error: {exc}") from None
+    problem = misfit(cls, spec or spec_for(cls) or AllocatorSpec())
+    if problem is not None:  # a spec that fits nothing: a configuration error, one line
+        raise UsageError(f"kvguard fuzz: error: {problem}")
     try:
         make()
     except SyntaxError as exc:

@@ -19,7 +19,7 @@ from .. import registry
 from ..ledger import Ledger
 from ..marks import ATTR, guard_of
 from ..owners import ACTIVE_OWNER
-from ..spec import DEFAULT_SPEC, AllocatorSpec, per_pool, read
+from ..spec import DEFAULT_SPEC, AllocatorSpec, SpecMisfitError, misfit, per_pool, read
 from ..stacks import DEPTH, SITES, sampled_capture
 from . import (baseline, bookkeeping, careful, copies, decisions, evidence, observers, roles,
                selfcheck, shadowing, shapes)
@@ -112,10 +112,9 @@ class Guard(Assertions, selfcheck.SelfChecked):
 
     def _attach(self, allocator) -> None:
         spec = self.spec
-        for method in spec.methods():
-            if not callable(getattr(allocator, method, None)):
-                raise TypeError(f"cannot guard {self.allocator_class}: it has no method "
-                                f"{method!r} (AllocatorSpec says {method!r})")
+        problem = misfit(allocator, spec, self.allocator_class)
+        if problem is not None:
+            raise SpecMisfitError(f"cannot guard {self.allocator_class}: {problem}")
         try:
             own = vars(allocator)
         except TypeError:

@@ -83,3 +83,65 @@ def test_a_mistake_in_tool_kvguard_stops_the_run_with_one_line(pytester):
     result = pytester.runpytest("-p", "kvguard")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: *tool.kvguard*allocators*unknown keyword 'sized'*"])
+
+
+FIT_POOL = """
+    class Pool:
+        def __init__(self, n=4):
+            self.free_ids = list(range(n))
+
+        def get_blocks(self, k):
+            out, self.free_ids = self.free_ids[:k], self.free_ids[k:]
+            return out
+
+        def put_blocks(self, ids):
+            self.free_ids.extend(ids)
+"""
+
+
+def test_an_entry_that_fits_nothing_of_its_class_stops_the_run_with_one_line(pytester):
+    """No keywords, and the class has no allocate()/free(): a usage error once collection has
+    imported the class, not a TypeError in every test under a clean summary."""
+    pytester.makepyfile(kvg_fit_pool=FIT_POOL)
+    pytester.makeini("""
+        [pytest]
+        kvguard_allocators =
+            kvg_fit_pool:Pool
+    """)
+    write(pytester, """
+        from kvg_fit_pool import Pool
+
+        def test_one():
+            Pool().get_blocks(1)
+
+        def test_two():
+            Pool().get_blocks(2)
+    """)
+    result = pytester.runpytest("-p", "kvguard")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: kvguard_allocators: kvg_fit_pool.Pool has no method "
+                                 "'allocate' (AllocatorSpec alloc='allocate', the default)*"
+                                 "get_blocks, put_blocks*kvguard spec suggest*"])
+    assert "TypeError" not in result.stdout.str() + result.stderr.str()
+
+
+def test_a_class_that_fits_nothing_imported_inside_a_test_fails_the_run_in_the_summary(
+        pytester):
+    pytester.makepyfile(kvg_fit_pool=FIT_POOL)
+    pytester.makeini("""
+        [pytest]
+        kvguard_allocators =
+            kvg_fit_pool.Pool(alloc=get_blocks, free=release)
+    """)
+    write(pytester, """
+        def test_one():
+            from kvg_fit_pool import Pool
+            pool = Pool()
+            pool.put_blocks(pool.get_blocks(1))
+    """)
+    result = pytester.runpytest("-p", "kvguard")
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["kvguard: configuration error: kvg_fit_pool.Pool has no "
+                                 "method 'release' (AllocatorSpec free='release')*unguarded*"])
+    assert "no violations" not in result.stdout.str()

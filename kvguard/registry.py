@@ -5,13 +5,8 @@ built-in engine specs cost nothing until the engine itself is imported. ``instru
 ``__init__`` of every registered class already imported, and installs a post-import hook (a
 ``sys.meta_path`` finder that wraps the loader) for those imported later.
 
-A guard shadows methods on its instance, so a call through the class
-(``BlockPool.free_blocks(pool, blocks)``) would find the engine's function and pass the guard.
-While instrumented, the first guarded instance of a class also puts a dispatcher on the class
-for each method its guard shadows: a class-level call on a guarded instance goes to that
-instance's guard, on an unguarded one to the engine's function. Instance calls never meet the
-dispatcher (the instance attribute comes first, and the guard forwards to the function it
-wraps); ``uninstrument()`` takes the dispatchers off again.
+Each guard puts class-level dispatchers on its allocator's class (``kvguard.dispatch``), so a
+call through the class reaches the instance's guard.
 """
 
 from __future__ import annotations
@@ -20,7 +15,6 @@ import contextlib
 import functools
 import importlib.abc
 import importlib.util
-import inspect
 import logging
 import os
 import sys
@@ -28,7 +22,7 @@ import threading
 
 from . import boundaries
 from .logger import emit
-from .marks import ATTR, guard_of
+from .marks import guard_of
 from .owners import follow_threads, unfollow_threads
 from .spec import AllocatorSpec, SpecMisfitError, misfit
 
@@ -36,7 +30,6 @@ _specs: dict[str, AllocatorSpec] = {}
 _builtins_loaded = False
 _instrumented: dict | None = None  # guard() keywords while instrument() is on
 _patched: dict[type, object] = {}  # class -> its original __init__ (or _ABSENT)
-_dispatched: dict[tuple, object] = {}  # (class, method name) -> the function it defined
 _misfits: dict[str, str] = {}  # dotted name -> why its spec fits nothing (its instances unguarded)
 _factory = None  # kvguard.guard, handed over by the guard package (use_factory)
 _ABSENT = object()
@@ -151,9 +144,6 @@ def uninstrument() -> None:
             sys.meta_path.remove(_FINDER)
         for cls in list(_patched):
             _unpatch(cls)
-        for (cls, name), func in list(_dispatched.items()):
-            setattr(cls, name, func)
-        _dispatched.clear()
         boundaries.uninstrument()
         unfollow_threads()
 
@@ -269,57 +259,11 @@ def _guard_new(obj) -> None:
     # (a null block, padding), never handed out, so freeing it is foreign-id, not learned.
     options = {"learn": False, **(_instrumented or {})}
     try:
-        g = _factory(obj, **options)
+        _factory(obj, **options)
     except Exception as exc:
         if options.get("on_violation", "raise") == "raise":
             raise
         emit(logging.ERROR, "kvguard: could not guard a new %s: %r", type(obj).__qualname__, exc)
-        return
-    shadowed = [name for name, value in vars(obj).items()
-                if getattr(value, "__kvguard__", None) is g]
-    with _lock:
-        if _instrumented is not None:
-            for name in shadowed:
-                _dispatch(type(obj), name)
-
-
-def _dispatch(cls: type, name: str) -> None:
-    """Put a dispatcher for method ``name`` on the class that defines it (see the module
-    docstring). Only a call that ``type(self)`` resolves to that class's function is
-    dispatched: a subclass's override calling ``super().name()`` is part of the override and
-    runs the function itself, so a wrapper that forwards to the override never comes back."""
-    if name.startswith("__"):  # special methods are looked up on the type by Python itself
-        return
-    owner = next((k for k in cls.__mro__ if name in k.__dict__), None)
-    if owner is None or owner.__module__ == "builtins" or (owner, name) in _dispatched:
-        return
-    func = owner.__dict__[name]
-    if not inspect.isfunction(func) or hasattr(func, "__kvguard_function__"):
-        return
-
-    @functools.wraps(func)
-    def dispatcher(self, *args, **kwargs):
-        if getattr(type(self), name, None) is dispatcher:
-            own = getattr(self, "__dict__", _EMPTY)
-            wrapper = own.get(name)
-            if wrapper is None and own.get(ATTR) is not None:
-                # a guarded instance without its wrapper (an engine deleted an attribute of
-                # that name): the guard re-installs it and says so
-                own[ATTR].verify()
-                wrapper = own.get(name)
-            if getattr(wrapper, "__kvguard__", None) is not None:
-                return wrapper(*args, **kwargs)
-        return func(self, *args, **kwargs)
-
-    dispatcher.__kvguard_function__ = func
-    try:
-        setattr(owner, name, dispatcher)
-    except (TypeError, AttributeError):  # a class that refuses new attributes: calls through
-        return  # it pass the guard, as without instrument()
-    _dispatched[(owner, name)] = func
-
-
-_EMPTY: dict = {}
 
 
 class _PostImportFinder(importlib.abc.MetaPathFinder):

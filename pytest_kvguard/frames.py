@@ -21,7 +21,7 @@ _RUNNER_DIRS = tuple({os.path.dirname(os.path.abspath(m.__file__)) + os.sep
 _runner_files: dict = {}
 
 MACHINERY = ("kvguard.guard", "kvguard.ids", "kvguard.ledger", "kvguard.registry",
-             "kvguard.cache", "kvguard.staging")
+             "kvguard.dispatch", "kvguard.cache", "kvguard.staging")
 """Modules whose frames say nothing about the bug; the modules of the guard package
 (``kvguard.guard.*``), the cache and staging faces (``kvguard.cache.*``, ``kvguard.staging.*``)
 and the engine adapters' wrappers (``kvguard.adapters.*``) are hidden too."""

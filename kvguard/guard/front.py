@@ -217,6 +217,7 @@ class Guard(Assertions, selfcheck.SelfChecked):
                 getattr(watcher, "detach", lambda: None)()
             self._watchers.clear()
             GUARDS.discard(self)
+            selfcheck.let_go(self)
 
     @property
     def guarded(self) -> bool:

@@ -23,9 +23,10 @@ method that moved it and the keyword that would cover it. Three ways it notices:
 from __future__ import annotations
 
 import logging
+import weakref
 from collections import Counter
 
-from .. import kinds
+from .. import dispatch, kinds
 from ..logger import emit
 from ..marks import ATTR
 from ..spec import read
@@ -41,7 +42,7 @@ class Notes:
     """One guard's self-check state: what it said (once each) and what it still owes."""
 
     __slots__ = ("said", "lines", "surplus", "installed", "busy", "tainted", "unseen",
-                 "extra_refs")
+                 "extra_refs", "token")
 
     def __init__(self) -> None:
         self.said: set = set()
@@ -54,6 +55,8 @@ class Notes:
         self.tainted = False
         self.unseen = False
         """A wrapper was found replaced or removed: calls went by unseen."""
+        self.token = None
+        """What holds this guard's class-level dispatchers (``kvguard.dispatch``)."""
         self.extra_refs: Counter = Counter()
         """(pool, block) -> references an allocation took that a non-refcounted ledger
         cannot hold: that many later double frees of the block are the other holders'."""
@@ -70,6 +73,19 @@ class SelfChecked:
         by anything else is said to be unchecked; each said once (``notes``). Also run at every
         careful-path call and by ``check()``, ``live``, ``violations``, ``snapshot()``."""
         verify(self)
+
+    def routed(self, name: str):
+        """The guard's wrapper of method ``name``, for a call that reached the class's function
+        (the class-level dispatcher): verified first, so a wrapper an engine removed is back;
+        while one is replaced by something else, calls that reach the class still go through
+        the guard. None when the guard does not wrap ``name``."""
+        verify(self)
+        allocator = self.allocator
+        present = vars(allocator).get(name) if allocator is not None else None
+        if _ours(self, present) and getattr(present, "__kvguard__", None) is self:
+            return present
+        wrapper = notes(self).installed.get(name)
+        return wrapper if getattr(wrapper, "__kvguard__", None) is self else None
 
     @property
     def notes(self) -> list:
@@ -111,6 +127,18 @@ def remember(guard) -> None:
         present = own.get(name)
         if _ours(guard, present):
             state.installed[name] = present
+    if state.token is None:
+        state.token = object()
+        weakref.finalize(guard, dispatch.let_go, state.token)
+    dispatch.hold(type(allocator), [n for n, w in state.installed.items()
+                                    if getattr(w, "__kvguard__", None) is guard], state.token)
+
+
+def let_go(guard) -> None:
+    """The guard no longer holds its class-level dispatchers (``unguard()``)."""
+    token = notes(guard).token
+    if token is not None:
+        dispatch.let_go(token)
 
 
 def _ours(guard, value) -> bool:

@@ -409,7 +409,8 @@ def test_wrappers_look_like_the_closures_to_the_rest_of_kvguard(implementation):
     a = LinkedFreeList(4)
     g = kvguard.guard(a, LINKED_FREE_LIST_SPEC)
     wrapper = vars(a)["free"]
-    assert wrapper.__kvguard__ is g and wrapper.__wrapped__.__func__ is LinkedFreeList.free
+    assert wrapper.__kvguard__ is g and wrapper.__wrapped__.__func__ is vars(
+        LinkedFreeList)["free"].__kvguard_function__
     assert copy.copy(wrapper) is wrapper and copy.deepcopy(wrapper) is wrapper
     with pytest.raises((TypeError, AttributeError, pickle.PicklingError)):
         pickle.dumps(wrapper)

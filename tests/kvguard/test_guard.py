@@ -236,7 +236,8 @@ def test_check_detects_calls_behind_the_guards_back():
     a = LinkedFreeList(4)
     g = kvguard.guard(a, LINKED_FREE_LIST_SPEC)
     a.allocate(1)
-    LinkedFreeList.allocate(a, 1)  # the class method bypasses the instance guard
+    # the engine's own function, reached past the guard and the class's dispatcher
+    vars(LinkedFreeList)["allocate"].__kvguard_function__(a, 1)
     with pytest.raises(kvguard.InconsistentError) as info:
         g.check()
     extra = info.value.violation.extra

@@ -108,7 +108,8 @@ def test_builtin_specs_are_registered_by_name():
 
 def test_class_level_calls_are_dispatched_to_the_instance_guard(later_module):
     """While instrumented, ``Pool.free(pool, ids)`` reaches ``pool``'s guard; ``Child``, which
-    inherits the methods, dispatches through the same functions; uninstrument() restores them."""
+    inherits the methods, dispatches through the same functions; the last guard's unguard()
+    restores them."""
     module = __import__(later_module)
     kvguard.register(module.Pool, kvguard.AllocatorSpec(size=lambda p: p.n))
     functions = dict(vars(module.Pool))
@@ -124,6 +125,10 @@ def test_class_level_calls_are_dispatched_to_the_instance_guard(later_module):
     assert (g.stats.free_calls, gc_.stats.alloc_calls) == (1, 1)
     assert sorted(pool.free_ids) == [0, 1, 2, 3]
     kvguard.uninstrument()
+    module.Pool.free(pool, module.Pool.allocate(pool, 1))  # live guards hold them still
+    assert g.stats.free_calls == 2
+    g.unguard()
+    gc_.unguard()
     assert {k: vars(module.Pool)[k] for k in ("allocate", "free")} == {
         k: functions[k] for k in ("allocate", "free")}
 

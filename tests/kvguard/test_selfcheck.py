@@ -5,6 +5,8 @@ self-check (each allocator below is written for these tests, in the shape of an 
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 import kvguard
@@ -279,3 +281,84 @@ def test_under_instrument_the_first_call_after_the_wrapper_was_deleted_is_checke
     finally:
         kvguard.uninstrument()
         kvguard.unregister(LazyFreePool)
+
+
+class DroppingLazyPool(LazyFreePool):
+    """Its lazy region ends with an instance call, after deleting the attribute it shadowed
+    ``free`` with: with no dispatcher, that call and every later one reach the class's
+    function, past the guard."""
+
+    @contextlib.contextmanager
+    def lazy_free(self):
+        pending: list = []
+        self.free = pending.extend
+        try:
+            yield
+        finally:
+            del self.free
+            self.free(pending)
+
+
+@pytest.mark.parametrize("mode", ["raise", "log", "repair"])
+@pytest.mark.parametrize("way", WAYS, ids=WAY_IDS)
+def test_without_instrument_the_first_call_after_the_wrapper_was_deleted_is_checked(
+        way, mode, quiet_kvguard_log):
+    """The guard is never silently off: kvguard.guard() alone puts a dispatcher on the class,
+    which the first call after ``del pool.free`` meets; the guard puts its wrapper back."""
+    pool, g = guarded(lambda: DroppingLazyPool(4), LAZY_SPEC, mode, way)
+    a = pool.allocate(2)
+    with pool.lazy_free():
+        pool.free(a)                              # collected, not freed yet
+    assert g.stats.free_calls == 1, "the region's own free was checked"
+    assert getattr(vars(pool).get("free"), "__kvguard__", None) is g, "wrapper back on"
+    b = pool.allocate(1)
+    pool.free(b)
+    if mode == "raise":
+        with pytest.raises(kvguard.DoubleFreeError):
+            pool.free(b)
+    else:
+        pool.free(b)
+        assert [v.kind for v in g.violations] == [kinds.DOUBLE_FREE]
+    assert sum("was removed from the instance" in n for n in g.notes) == 1
+
+
+@pytest.mark.parametrize("way", WAYS, ids=WAY_IDS)
+def test_without_instrument_a_class_level_call_reaches_the_guard(way):
+    pool, g = guarded(lambda: LazyFreePool(4), LAZY_SPEC, "raise", way)
+    a = LazyFreePool.allocate(pool, 2)
+    LazyFreePool.free(pool, a)
+    with pytest.raises(kvguard.DoubleFreeError):
+        LazyFreePool.free(pool, a[:1])
+    assert g.stats.alloc_calls == 1 and g.stats.free_calls == 1
+    other = LazyFreePool(4)                       # unguarded: straight to the function
+    LazyFreePool.free(other, other.allocate(1) * 2)
+
+
+def test_the_dispatchers_go_when_the_last_guard_goes():
+    import gc
+    gc.collect()                                  # earlier tests' guards, gone
+    functions = {k: vars(LazyFreePool)[k] for k in ("allocate", "free")}
+    assert not any(hasattr(f, "__kvguard_function__") for f in functions.values())
+    pools = [LazyFreePool(4) for _ in range(2)]
+    guards = [kvguard.guard(p, LAZY_SPEC) for p in pools]
+    assert vars(LazyFreePool)["free"] is not functions["free"]
+    guards[0].unguard()
+    assert vars(LazyFreePool)["free"] is not functions["free"], "the other guard holds it"
+    del guards, pools
+    gc.collect()
+    assert {k: vars(LazyFreePool)[k] for k in ("allocate", "free")} == functions
+
+
+def test_an_engines_own_class_level_rebinding_stays_when_the_guard_goes():
+    class Rebinding(LazyFreePool):
+        def free(self, ids):
+            self.free_list.extend(ids)
+
+    def faster(self, ids):
+        self.free_list.extend(ids)
+
+    pool = Rebinding(4)
+    g = kvguard.guard(pool, LAZY_SPEC)
+    Rebinding.free = faster
+    g.unguard()
+    assert vars(Rebinding)["free"] is faster

@@ -7,6 +7,8 @@ vllm#1556 was a bug of the v0 block manager (``BlockAllocator.free`` with ``ref_
 one reference per block (``touch``), finishing a sequence drops them (``free_blocks``).
 """
 
+import gc
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -326,10 +328,10 @@ def test_guard_cache_verifies_a_block_revived_by_touch(vllm):
 
 def test_class_level_calls_reach_the_instance_guard_while_instrumented(vllm):
     """``BlockPool.free_blocks(pool, blocks)`` looks the method up on the class, past the
-    instance's guard. While instrumented, the registry patches the guarded methods of the class
-    with a dispatcher: a class-level call on a guarded pool goes through its guard, one on an
+    instance's guard. Each guard puts a dispatcher on the class for the methods it guards: a class-level call on a guarded pool goes through its guard, one on an
     unguarded pool runs the engine's function, and a guarded pool's own calls never pass the
     dispatcher (the guard forwards to the engine's function itself)."""
+    gc.collect()  # earlier tests' guards, and the dispatchers they held, gone
     engine_free = vllm.BlockPool.__dict__["free_blocks"]
     unguarded = pool_of(vllm)  # made before instrument(): never guarded
     kvguard.instrument()
@@ -356,4 +358,4 @@ def test_class_level_calls_reach_the_instance_guard_while_instrumented(vllm):
     vllm.BlockPool.free_blocks(pool, [a])  # unguarded now: straight through
     assert a.ref_cnt == 0 and len(g.violations) == 2
     kvguard.uninstrument()
-    assert vllm.BlockPool.__dict__["free_blocks"] is engine_free
+    assert vllm.BlockPool.__dict__["free_blocks"] is engine_free, "the last guard let go"

@@ -19,10 +19,10 @@ from .. import registry
 from ..ledger import Ledger
 from ..marks import ATTR, guard_of
 from ..owners import ACTIVE_OWNER
-from ..spec import DEFAULT_SPEC, AllocatorSpec, SpecMisfitError, misfit, per_pool, read
+from ..spec import DEFAULT_SPEC, AllocatorSpec, per_pool, read
 from ..stacks import DEPTH, SITES, sampled_capture
-from . import (baseline, bookkeeping, careful, copies, decisions, evidence, observers, roles,
-               selfcheck, shadowing, shapes)
+from . import (baseline, bookkeeping, careful, copies, decisions, descriptors, evidence,
+               observers, roles, selfcheck, shadowing, shapes)
 from .arguments import MISSING, Param, pool_key
 from .assertions import Assertions
 from .decisions import MODES
@@ -112,14 +112,8 @@ class Guard(Assertions, selfcheck.SelfChecked):
 
     def _attach(self, allocator) -> None:
         spec = self.spec
-        problem = misfit(allocator, spec, self.allocator_class)
-        if problem is not None:
-            raise SpecMisfitError(f"cannot guard {self.allocator_class}: {problem}")
-        try:
-            own = vars(allocator)
-        except TypeError:
-            raise TypeError(f"cannot guard {self.allocator_class}: its instances have no "
-                            "__dict__ (__slots__), so methods cannot be shadowed") from None
+        descriptors.prepare(self, allocator)  # fits, has a __dict__; descriptors routed
+        own = vars(allocator)
         free = getattr(allocator, spec.free)
         self._free_param = shapes.param_for(free, spec.free_arg, spec.free_ids)
         if not self._free_param.found:

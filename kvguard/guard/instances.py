@@ -18,8 +18,17 @@ def guards() -> list:
 
 
 def engine_method(obj, name):
-    """``obj.name``, past the class-level dispatcher ``kvguard.registry`` puts on instrumented
-    classes: what a guard wraps and forwards to is the engine's own function."""
+    """``obj.name``, past the class-level dispatcher ``kvguard.dispatch`` puts on guarded
+    classes: what a guard wraps and forwards to is the engine's own function. A method the
+    class holds as anything but a plain function (a property, a descriptor) is read afresh at
+    each call (``descriptors``)."""
+    if not isinstance(obj, type):
+        from .descriptors import PLAIN, Routed, class_attribute, is_data, reread
+        owner, attr = class_attribute(type(obj), name)
+        attr = attr.original if isinstance(attr, Routed) else attr
+        if owner is not None and not isinstance(attr, PLAIN) and (
+                is_data(attr) or name not in getattr(obj, "__dict__", {})):
+            return reread(obj, name, attr)
     method = getattr(obj, name)
     func = getattr(getattr(method, "__func__", method), "__kvguard_function__", None)
     if func is None:

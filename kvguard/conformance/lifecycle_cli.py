@@ -2,8 +2,10 @@
 
 Engines: ``vllm`` (the installed vLLM's v1 scheduler, built from its ``tests/v1/core/utils.py``;
 ``--config`` picks the attention groups, async scheduling, prefix caching or a KV-consumer
-connector, see ``kvguard.conformance.lifecycle_vllm.CONFIGS``) and ``example`` (kvguard's own small
-scheduler; ``--config`` names a planted bug, or ``fixed``). Exit status: 0 nothing found, 1 a
+connector, see ``kvguard.conformance.lifecycle_vllm.CONFIGS``), ``hf`` (the installed
+transformers' continuous batching over a tiny random model; ``--config`` in
+``kvguard.conformance.lifecycle_hf.CONFIGS``) and ``example`` (kvguard's own small scheduler;
+``--config`` names a planted bug, or ``fixed``). Exit status: 0 nothing found, 1 a
 finding (the report shows it, with its regression test), 2 a command-line mistake (one line).
 """
 
@@ -29,7 +31,16 @@ def _vllm(config: str):
     return factory, VllmDriver
 
 
-ENGINES = {"vllm": (_vllm, "full-async"), "example": (_example, "fixed")}
+def _hf(config: str):
+    from .lifecycle_hf import HfDriver, HfFactory
+    import torch
+    torch.set_num_threads(1)  # the tiny engine's small tensor ops: several times faster
+    factory = HfFactory(config)
+    factory()  # builds the model and a manager: a missing transformers fails here, in one line
+    return factory, HfDriver
+
+
+ENGINES = {"vllm": (_vllm, "full-async"), "hf": (_hf, "sync"), "example": (_example, "fixed")}
 
 
 def lifecycle_command(argv) -> int:
@@ -44,7 +55,9 @@ def lifecycle_command(argv) -> int:
     parser.add_argument("--config", default=None, metavar="NAME",
                         help="the engine's configuration (vllm: full, full-async, prefix, "
                         "prefix-async, swa-async, chunked-local-async, hybrid-async, "
-                        "pd-consumer-async; example: fixed or a planted bug)")
+                        "pd-consumer-async, pd-async-load; hf: sync, sync-no-sharing, "
+                        "sync-hybrid, async, async-no-sharing, async-hybrid; example: fixed or "
+                        "a planted bug)")
     parser.add_argument("--examples", type=int, default=500, metavar="N",
                         help="event sequences to try (default 500)")
     parser.add_argument("--steps", type=int, default=24, metavar="N",

@@ -131,8 +131,8 @@ class Run:
             self._do(("abort", rid), lambda rid=rid: self.driver.abort(rid), rid)
         while self.in_flight:
             self.process(0)
-        for _ in range(4):  # the engine keeps stepping while KV transfers are pending
-            if not self.driver.transfers():
+        for _ in range(4):  # the engine keeps stepping while KV transfers are pending, or
+            if not self.driver.transfers() and not self.alive():  # aborts are queued (HF)
                 break
             self.schedule()
             while self.in_flight:

@@ -89,12 +89,24 @@ def _holds_its_table(request_position: int):
 
 
 def _frees_its_table(original):
+    """``free_blocks(request_id)`` releases the request's references in the ``BlockLedger``
+    first: a complete block goes to the allocator's prefix cache, not to the pool, so a late
+    free on behalf of a request whose blocks were handed on is checked against their holders
+    before the ledger changes (``Guard.release_by``): raise mode raises with the allocator
+    untouched, repair mode leaves the stale blocks out of the request's table (their holder
+    keeps them), log mode lets it through (reported once: the pool's own check is not run
+    again)."""
     @functools.wraps(original)
     def free_blocks(self, request_id, *args, **kwargs):
         table = list(self.block_table.get(request_id, ()))
-        with holding(request_id):
-            result = original(self, request_id, *args, **kwargs)
         guard = _pool_guard(self)
+        stale = guard.release_by(table, request_id, pool=self.index, method="free_blocks") if (
+            guard is not None and table) else []
+        if stale and guard.mode == "repair":
+            table = [b for b in table if b not in set(stale)]
+            self.block_table[request_id] = list(table)
+        with holding(None if stale else request_id):
+            result = original(self, request_id, *args, **kwargs)
         if guard is not None and table:  # what stayed out of the pool is no longer its
             guard.drop_holder(table, request_id, pool=self.index)
         return result

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from .. import kinds
 from ..ids import result_ids
-from ..owners import OWNERS
+from ..owners import OWNERS, holding
 from . import baseline, decisions, leases
+from .checker import stale_message
 from .arguments import MISSING
 
 
@@ -100,6 +101,25 @@ class Assertions:
         stay out of the pool: cached, or held by others)."""
         with self.lock:
             self.ledger(pool).drop_holder(self._plain(ids), OWNERS.intern(holder))
+
+    def release_by(self, ids, holder, *, pool=None, method="free") -> list:
+        """``holder`` is about to release its references to ``ids`` in the engine's own books,
+        above the allocator, where the pool may never see it (Hugging Face's ``BlockLedger``
+        keeps a complete block in its prefix cache instead of freeing it). A live block it
+        holds no reference to, while another holder does, is a ``stale-free``, reported here
+        before the engine's books change (raise mode raises). Returns those stale ids (empty
+        when there are none): the caller leaves them out in repair mode."""
+        with self.lock:
+            ledger = self.ledger(pool)
+            index = OWNERS.intern(holder)
+            stamp = ledger.stamp
+            stale = [b for b in dict.fromkeys(self._plain(ids))
+                     if 0 <= b < len(stamp) and stamp[b] > 0 and not ledger.holds(b, index)]
+            if stale:
+                message = stale_message(ledger, f"{method}()", stale, index)
+                with holding(holder):
+                    decisions.flag(self, kinds.STALE_FREE, tuple(stale), message, method, pool)
+            return stale
 
     def _plain(self, ids) -> list:
         spec = self.spec

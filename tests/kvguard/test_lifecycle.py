@@ -410,3 +410,25 @@ def test_refcounted_holders_follow_a_model(ops, way):
         assert set(g.live) == live
         assert all(g.live[b].refcount == sum(r.get(b, 0) for r in refs.values()) for b in live)
         assert all(pool.refs[b] == sum(r.get(b, 0) for r in refs.values()) for b in range(6))
+
+
+@pytest.mark.parametrize("mode", ["raise", "log", "repair"])
+def test_a_release_above_the_pool_is_checked_before_the_engine_books_change(mode,
+                                                                            quiet_kvguard_log):
+    """``Guard.release_by``: an engine that keeps released blocks in its own cache (Hugging
+    Face's ``BlockLedger``) asks before its books change; the pool may never see the call."""
+    pool = LinkedFreeList(4)
+    g = kvguard.guard(pool, on_violation=mode)
+    stale = reuse_by_another(pool)
+    with kvguard.owner("R"):
+        mine = pool.allocate(1)
+    assert g.release_by(mine, "R") == []            # R's own: nothing to say
+    if mode == "raise":
+        with pytest.raises(kvguard.StaleFreeError) as info:
+            g.release_by(stale + mine, "R")
+        assert info.value.block_ids == tuple(stale)
+    else:
+        assert g.release_by(stale + mine, "R") == stale
+    (v,) = g.violations
+    assert v.kind == "stale-free" and "'Q' holds it" in v.message
+    assert all(g.live[b].holder == "Q" for b in stale)   # nothing changed in the ledger

@@ -3,12 +3,13 @@
     python benchmarks/bench_dispatch.py [--rounds 9] [--cycles 20000]
 
 Every guard puts a dispatcher on its allocator's class for each method it shadows
-(``kvguard.dispatch``), so that ``Class.free(allocator, ids)``, or a call after an engine deleted
-the guard's wrapper, reaches the instance's guard. Instance calls of a guarded allocator find
-the guard's wrapper on the instance and should not pay for it; instance calls of an unguarded allocator of that class go through the
-dispatcher and do. Measured on the pure-Python free list (about half a microsecond per call raw,
-the worst case for any added frame), one allocate-and-free cycle per step, runs alternated round
-by round in one process with garbage collection off while timing.
+(``kvguard.dispatch``), so that ``Class.free(allocator, ids)``, or a call after an engine
+deleted the guard's wrapper, reaches the instance's guard. Instance calls of a guarded allocator
+find the guard's wrapper on the instance and should not pay for it; instance calls of an
+unguarded allocator of that class go through the dispatcher and do. Measured on the pure-Python
+free list (about half a microsecond per call raw, the worst case for any added frame), one
+allocate-and-free cycle per step, runs alternated round by round in one process with garbage
+collection off while timing.
 """
 
 from __future__ import annotations

@@ -56,7 +56,19 @@ def normalize(value, *, tensor_ok=False, id_attr=None, skip=None, iterator_ok=Fa
     back: each block once), an id given twice is ``duplicate-id``.
     """
     try:
-        out = _normalize(value, tensor_ok, id_attr, skip, iterator_ok, consume, what)
+        # A list is read from a copy: reading runs code (the collector at any allocation, and
+        # finalizers that may change the caller's list; ``skip``; an item's ``__index__``)
+        # and must see one state of the list, never a part of it. ``list()`` copies after its
+        # own allocation, in one step (``value.copy()`` and ``value[:]`` read the length
+        # first). If the list changed meanwhile, the allocator gets the copy the guard read.
+        copy = list(value) if type(value) is list else value
+        out = _normalize(copy, tensor_ok, id_attr, skip, iterator_ok, consume, what)
+        if copy is not value and (len(copy) != len(value) or any(
+                a is not b for a, b in zip(copy, value))):
+            out.forward = copy
+        elif out.forward is True:  # items read through the caller's own __index__
+            out.forward = like(value, out.ids) if not (
+                out.faults or out.objects is not None or out.passthrough) else None
     except Exception as exc:
         out = Normalized([], [Fault(kinds.INVALID_ID, (
             f"{what} got {describe(value)} whose block ids cannot be read: {exc!r}"))])
@@ -101,12 +113,6 @@ def like(given, ids: list):
 
 def _normalize(value, tensor_ok, id_attr, skip, iterator_ok, consume, what) -> Normalized:
     tp = type(value)
-    if tp is list:
-        # Read a copy: reading runs code (the collector at any allocation, and finalizers
-        # that may change the caller's list; ``skip``) and must see one state of the list,
-        # never a part of it. ``list()`` copies after its own allocation, in one step
-        # (``value.copy()`` and ``value[:]`` read the length first).
-        value = list(value)
     if tp is list or tp is tuple:
         quick = _plain_items(value, id_attr, skip)
         if quick is not None:
@@ -127,7 +133,7 @@ def _normalize(value, tensor_ok, id_attr, skip, iterator_ok, consume, what) -> N
     if _is_single(value, id_attr, Tensor, np):
         _read_items((value,), out, tensor_ok, id_attr, skip, what, Tensor, np)
         return out
-    if not isinstance(value, _SEQUENCES):
+    if tp not in _SEQUENCES:  # (a list or tuple subclass may iterate its own way)
         try:
             iterator = iter(value)
         except TypeError:
@@ -153,8 +159,14 @@ def _normalize(value, tensor_ok, id_attr, skip, iterator_ok, consume, what) -> N
             return out
         if out.consumed:
             out.materialized = value
+        elif tp.__module__ not in STABLE_MODULES:
+            out.forward = value  # an iterable of the caller's own may give other ids next time
     _read_items(value, out, tensor_ok, id_attr, skip, what, Tensor, np)
     return out
+
+
+STABLE_MODULES = frozenset({"builtins", "collections", "array", "numpy", "torch"})
+"""Where the iterables come from that give the same items each time they are iterated."""
 
 
 def _plain_items(items, id_attr, skip):
@@ -243,6 +255,8 @@ def _read_items(items, out, tensor_ok, id_attr, skip, what, Tensor, np) -> None:
         else:
             try:
                 value = operator.index(raw)
+                if np is None or not isinstance(raw, np.integer):
+                    out.forward = out.forward or True  # the caller's own __index__
             except TypeError:
                 invalid.append((short_repr(raw), f"is a {describe(raw)}, not an integer"))
                 continue

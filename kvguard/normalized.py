@@ -34,6 +34,11 @@ class Normalized:
     """What the drained iterator yielded, to forward in its place."""
     given: object = None
     """The value as the caller passed it: a repaired call is rebuilt in its container type."""
+    forward: object = None
+    """What the allocator receives in place of the argument, when reading the argument again
+    could give other ids than the guard read (a list changed while it was read, an iterable of
+    the caller's own, an item whose ``__index__`` is the caller's code): the guard's own copy,
+    so the allocator's view is the guard's. None: the argument itself."""
 
 
 def describe(value) -> str:

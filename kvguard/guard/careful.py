@@ -41,8 +41,9 @@ def share_slow(guard, original, args, kwargs):
     except Exception as exc:
         contain(guard, exc)
         return original(*args, **kwargs)
-    if plan.norm.consumed:
-        args, kwargs = guard._share_param.put(args, kwargs, plan.norm.materialized)
+    if plan.norm.consumed or plan.norm.forward is not None:
+        args, kwargs = guard._share_param.put(args, kwargs, plan.norm.materialized if
+                                              plan.norm.consumed else plan.norm.forward)
     if plan.aside:
         return forward_aside(guard, original, args, kwargs, plan)
     result = original(*args, **kwargs)

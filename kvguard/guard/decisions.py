@@ -152,6 +152,8 @@ def route_free(guard, plan, args, kwargs):
         return (*put(args, kwargs, forward_value(guard, plan, ids)), True)
     if plan.norm.consumed:
         return (*put(args, kwargs, plan.norm.materialized), True)
+    if plan.norm.forward is not None:  # the guard's own copy of what it read
+        return (*put(args, kwargs, plan.norm.forward), True)
     return args, kwargs, True
 
 

@@ -172,7 +172,10 @@ PLAIN_FORMS = ["list", "tuple", "int", "np64", "np32", "npu8", "npscalar", "npli
                "2d", "tensor32", "tensoru8", "tensorbool", "tensorfloat", "tensor2d",
                "tensor0d", "tensornegative", "np0d", "np2dempty", "npcol", "npobject",
                "npu64big", "npfloat", "nptimedelta", "npempty", "npscalars", "npscalarneg",
-               "npscalarsub", "npscalaru64big"]
+               "npscalarsub", "npscalaru64big", "shifty", "flipindex", "mutindex"]
+READ_TWICE = ["shifty", "flipindex", "mutindex"]
+"""Arguments that give other ids when read a second time: the allocator must get what the
+guard read (its own copy), on every path."""
 OBJECT_FORMS = ["list", "tuple", "reversed", "gen", "ints", "null", "missing", "foreign"]
 
 
@@ -189,8 +192,49 @@ class IntOverride(np.int64):
         return int(np.int64(self)) + 1
 
 
+class Shifty:
+    """An iterable of the caller's own: ``first`` the first time it is iterated, then ``then``."""
+
+    def __init__(self, first, then) -> None:
+        self.reads = [list(first), list(then)]
+
+    def __iter__(self):
+        return iter(self.reads.pop(0) if len(self.reads) > 1 else self.reads[0])
+
+
+class Flip:
+    """An id whose ``__index__`` gives ``first`` once, then ``then``."""
+
+    def __init__(self, first, then) -> None:
+        self.values = [first, then]
+
+    def __index__(self):
+        return self.values.pop(0) if len(self.values) > 1 else self.values[0]
+
+
+class Rewriter:
+    """An id whose first ``__index__`` rewrites the list it sits in (to ``then``)."""
+
+    def __init__(self, value, home, then) -> None:
+        self.value, self.home, self.then = value, home, then
+
+    def __index__(self):
+        if self.then is not None:
+            self.home[:], self.then = self.then, None
+        return self.value
+
+
 def shape_ids(ids, form):
     """``ids`` (plain ints) in the form a caller might pass."""
+    other = [(b + 1) % SIZE if b >= 0 else b for b in ids]  # what a second read gives
+    if form == "shifty":
+        return Shifty(ids, other)
+    if form == "flipindex":
+        return [Flip(b, o) for b, o in zip(ids, other)]
+    if form == "mutindex":
+        home: list = []
+        home += [Rewriter(b, home, other if n == 0 else None) for n, b in enumerate(ids)]
+        return home
     if form == "tuple":
         return tuple(ids)
     if form == "int":
@@ -441,3 +485,38 @@ def test_the_fast_path_is_taken(monkeypatch, implementation):
             allocator.free(got[:1] if objects else [np.int64(ids[0])])
         assert calls == [], shape
         assert guard.live == {}, shape
+
+
+class Recording(TolerantPool):
+    """Records the ids each ``free``/``share`` call read (the allocator's view)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.views: list = []
+
+    def free(self, ids, pool=0):
+        self.views.append(sorted(self._read(ids)))
+        super().free(list(self.views[-1]), pool)
+
+    def share(self, ids, pool=0):
+        self.views.append(sorted(self._read(ids)))
+        super().share(list(self.views[-1]), pool)
+
+
+@pytest.mark.parametrize("form", READ_TWICE)
+@pytest.mark.parametrize("mode", ["raise", "log", "repair"])
+@pytest.mark.parametrize("method", ["free", "share"])
+def test_an_argument_read_twice_reaches_the_allocator_as_the_guard_read_it(form, mode, method):
+    """The guard forwards its own copy of what it checked: the allocator reads the same ids,
+    on the compiled wrappers, the closures and the careful path, in every mode."""
+    spec = kvguard.AllocatorSpec(share="share", refcounted=True, size="size")
+    for accel, fast in three_ways():
+        allocator = Recording()
+        with use_wrappers(accel):
+            g = kvguard.guard(allocator, spec, on_violation=mode, fast_path=fast)
+        ids = allocator.allocate(3)
+        getattr(allocator, method)(shape_ids(ids, form))
+        assert allocator.views == [sorted(ids)], (accel, fast)
+        assert g.history[-1][1] == ids and g.violations == [], (accel, fast)
+        expected = [2 if method == "share" else 0] * 3
+        assert [allocator.ref[0][b] for b in ids] == expected, (accel, fast)

@@ -101,8 +101,10 @@ def reject_faults(guard, plan) -> None:
 
 def protect(guard, step, *args):
     """Run a guard step; in log/repair mode a bug in the guard never reaches the caller.
-    Every careful-path call commits through here: the guard checks its own wrappers first."""
-    selfcheck.verify(guard)
+    Every careful-path call commits through here: the guard checks its own wrappers first
+    (once per call, at its commit)."""
+    if step.__name__.startswith("commit"):
+        selfcheck.verify(guard)
     if guard.mode == "raise":
         return step(*args)
     try:

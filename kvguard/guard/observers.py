@@ -14,6 +14,7 @@ import ast
 import inspect
 import textwrap
 import threading
+import weakref
 
 from ..spec import read
 from . import baseline
@@ -80,12 +81,45 @@ at once raise ``SystemError('AST constructor recursion depth mismatch')``, and g
 on any thread (found by tests/kvguard/test_churn.py)."""
 
 
+_BY_FUNCTION: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_BY_SOURCE: dict = {}
+"""What ``changes_self`` found, per function, and per source text (a class made again from the
+same source, as a factory or a test does): reading a method's source and parsing it is most of
+what attaching a guard costs, so each is done once."""
+_SOURCES_KEPT = 4096
+
+
 def changes_self(func) -> bool:
+    """Whether ``func``'s body changes its first parameter's state (see ``mutating_methods``);
+    read from its source once per function and per source text."""
+    code = getattr(func, "__code__", None)
+    try:
+        known = _BY_FUNCTION.get(func)
+    except TypeError:
+        known = None
+    if known is not None and known[0] is code:
+        return known[1]
     try:
         source = textwrap.dedent(inspect.getsource(func))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    found = _BY_SOURCE.get(source)
+    if found is None:
+        found = _reads_as_changing(source)
+        if len(_BY_SOURCE) < _SOURCES_KEPT:
+            _BY_SOURCE[source] = found
+    try:
+        _BY_FUNCTION[func] = (code, found)
+    except TypeError:
+        pass
+    return found
+
+
+def _reads_as_changing(source: str) -> bool:
+    try:
         with PARSING:
             tree = ast.parse(source)
-    except (OSError, TypeError, SyntaxError):
+    except (SyntaxError, ValueError):
         return False
     fn = tree.body[0] if tree.body else None
     if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or not fn.args.args:

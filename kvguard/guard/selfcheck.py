@@ -148,20 +148,24 @@ def _ours(guard, value) -> bool:
 
 def verify(guard) -> None:
     """Every wrapper still where the guard put it; see the module docstring for what it does
-    when one is not. Cheap when all is well: one dict read per wrapped method."""
-    allocator = guard.allocator
-    state = notes(guard)
-    if allocator is None or state.busy or not guard._originals:
+    when one is not. Cheap when all is well (every careful-path call runs it): one dict read
+    per wrapped method."""
+    state = guard.__dict__.get("_selfcheck")
+    allocator = guard._allocator()
+    if state is None or allocator is None or state.busy:
         return
-    try:
-        own = vars(allocator)
-    except TypeError:
+    own = getattr(allocator, "__dict__", None)
+    if own is None or own.get(ATTR) is not guard:
         return
-    if own.get(ATTR) is not guard:
+    get = own.get
+    for n, w in state.installed.items():
+        if get(n) is not w:
+            break
+    else:
+        return
+    if not guard._originals:
         return
     lost = [n for n, w in state.installed.items() if own.get(n) is not w]
-    if not lost:
-        return
     state.busy = True
     try:
         with guard.lock:

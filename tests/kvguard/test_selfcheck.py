@@ -362,3 +362,25 @@ def test_an_engines_own_class_level_rebinding_stays_when_the_guard_goes():
     Rebinding.free = faster
     g.unguard()
     assert vars(Rebinding)["free"] is faster
+
+
+def test_making_many_guards_reads_each_methods_source_once(monkeypatch):
+    """Attaching a guard reads the allocator's public methods (observers) from their source:
+    once per function and per source text, not at every kvguard.guard()."""
+    import ast
+    import inspect
+
+    class Fresh(LazyFreePool):
+        def drain(self):
+            self.free_list.clear()
+
+    parsed, read = [], []
+    real_parse, real_source = ast.parse, inspect.getsource
+    monkeypatch.setattr(ast, "parse", lambda *a, **k: parsed.append(1) or real_parse(*a, **k))
+    monkeypatch.setattr(inspect, "getsource",
+                        lambda *a, **k: read.append(1) or real_source(*a, **k))
+    kvguard.guard(Fresh(4), LAZY_SPEC).unguard()
+    first = len(parsed), len(read)
+    for _ in range(4):
+        kvguard.guard(Fresh(4), LAZY_SPEC).unguard()
+    assert first[0] > 0 and (len(parsed), len(read)) == first

@@ -359,6 +359,46 @@ recorder_put(Recorder *r, PyObject *const *fields)
     return 0;
 }
 
+static PyObject *s_empty;  /* "empty": the op of an entry that folds calls with no ids */
+static PyObject *s_one;    /* 1 */
+
+/* Whether ``op`` and ``count`` are those of an entry folding empty calls, as Python's
+   ``evidence.fold_empty`` asks (``last[4] == "empty"``; its count an exact int). */
+static int
+folds_empty(PyObject *op, PyObject *count)
+{
+    return PyUnicode_CheckExact(op) && PyUnicode_Compare(op, s_empty) == 0 &&
+           PyLong_CheckExact(count);
+}
+
+/* Count call ``clock``, which carried no ids, as ``evidence.fold_empty`` does: the newest entry,
+   when it folds empty calls already, becomes ``(clock, n + 1, None, None, "empty")`` in place;
+   else a fold of one is recorded. 0, or -1 with an error and nothing changed. */
+static int
+recorder_fold(Recorder *r, PyObject *clock)
+{
+    PyObject **slot, *count, *old_clock, *old_count;
+    if (r->len) {
+        slot = r->items + ((r->start + r->len - 1) % r->maxlen) * FIELDS;
+        if (folds_empty(slot[4], slot[1])) {
+            count = PyNumber_Add(slot[1], s_one);  /* exact ints: runs no code */
+            if (count == NULL)
+                return -1;
+            old_clock = slot[0];
+            old_count = slot[1];
+            slot[0] = Py_NewRef(clock);
+            slot[1] = count;
+            Py_DECREF(old_clock);  /* last: the ring is whole before anything can run */
+            Py_DECREF(old_count);
+            return 0;
+        }
+    }
+    {
+        PyObject *fields[FIELDS] = {clock, s_one, Py_None, Py_None, s_empty};
+        return recorder_put(r, fields);
+    }
+}
+
 /* Entry i (0 = oldest, 0 <= i < len when called) as a new tuple; NULL with an error, or NULL
    without one when the entry is gone (the tuple's allocation ran code that cleared it). */
 static PyObject *
@@ -451,6 +491,36 @@ recorder_item(Recorder *r, Py_ssize_t i)
     if (t == NULL && !PyErr_Occurred())
         PyErr_SetString(PyExc_IndexError, "flight recorder index out of range");
     return t;
+}
+
+/* ``r[i] = entry`` (negative i too), as on a deque: entry i's fields replaced by a 5-tuple's.
+   Deleting an entry is not supported. */
+static int
+recorder_ass_item(Recorder *r, Py_ssize_t i, PyObject *entry)
+{
+    PyObject *old[FIELDS], **slot;
+    int j;
+    if (entry == NULL) {
+        PyErr_SetString(PyExc_TypeError, "flight recorder entries cannot be deleted");
+        return -1;
+    }
+    if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != FIELDS) {
+        PyErr_Format(PyExc_TypeError, "a flight-recorder entry is a (call, ids, site, pool, op) "
+                     "tuple, not %.100s", Py_TYPE(entry)->tp_name);
+        return -1;
+    }
+    if (i < 0 || i >= r->len) {
+        PyErr_SetString(PyExc_IndexError, "flight recorder assignment index out of range");
+        return -1;
+    }
+    slot = r->items + ((r->start + i) % r->maxlen) * FIELDS;
+    for (j = 0; j < FIELDS; j++) {
+        old[j] = slot[j];
+        slot[j] = Py_NewRef(PyTuple_GET_ITEM(entry, j));
+    }
+    for (j = 0; j < FIELDS; j++)  /* last: the ring is whole before anything can run */
+        Py_DECREF(old[j]);
+    return 0;
 }
 
 /* The entries, oldest first, as a new list of tuples: one state of the recorder. Every tuple
@@ -561,6 +631,7 @@ static PyMemberDef recorder_members[] = {
 static PySequenceMethods recorder_as_sequence = {
     .sq_length = (lenfunc)recorder_length,
     .sq_item = (ssizeargfunc)recorder_item,
+    .sq_ass_item = (ssizeobjargproc)recorder_ass_item,
 };
 
 static PyTypeObject Recorder_Type = {
@@ -1056,6 +1127,7 @@ typedef struct {
     PyObject *iterators;     /* fastread.ITERATORS */
     PyObject *stats;
     PyObject *history;       /* history.append, or None (a FlightRecorder: see recorder) */
+    PyObject *log;           /* the history itself when it is not a FlightRecorder, or None */
     Recorder *recorder;      /* the guard's history when it is a FlightRecorder, or NULL */
     int depth;
     PyObject *capture;       /* guard._capture */
@@ -1470,7 +1542,7 @@ capture_site(Wrapper *w, PyObject *who)
             return PyLong_FromLong(0);
     }
     if (w->draw != Py_None) {
-        /* front._sampled_capture, in C: ``capture(limit) if draw() < chance else (capture(0)
+        /* stacks.sampled_capture, in C: ``capture(limit) if draw() < chance else (capture(0)
            if owner else 0)``, drawing from the same generator */
         PyObject *r = PyObject_CallNoArgs(w->draw);
         int lt = -1;
@@ -2227,7 +2299,7 @@ read_scalars(Wrapper *w, PyObject *value)
     return out;
 }
 
-/* shadowing.fast_reader's read_objects, for a spec with a plain ``id_attr``. */
+/* kvguard.guard.readers.fast_reader's read_objects, for a spec with a plain ``id_attr``. */
 static PyObject *
 read_objects(Wrapper *w, PyObject *value)
 {
@@ -2352,9 +2424,48 @@ read_ids(Wrapper *w, PyObject *value)
     return PyObject_CallOneArg(w->read, value);
 }
 
+/* ``evidence.fold_empty(history, clock)`` on a history that is not a FlightRecorder (a deque):
+   read and written through the sequence protocol, as the closures do. 0, or -1 with an error. */
+static int
+fold_into(Wrapper *w, PyObject *clock)
+{
+    PyObject *last = NULL, *entry = NULL, *count = NULL, *r;
+    Py_ssize_t n = PyObject_Length(w->log);
+    int rc = -1;
+    if (n < 0)
+        return -1;
+    if (n > 0) {
+        last = PySequence_GetItem(w->log, n - 1);
+        if (last == NULL)
+            return -1;
+        if (PyTuple_CheckExact(last) && PyTuple_GET_SIZE(last) == FIELDS &&
+            folds_empty(PyTuple_GET_ITEM(last, 4), PyTuple_GET_ITEM(last, 1))) {
+            count = PyNumber_Add(PyTuple_GET_ITEM(last, 1), s_one);
+            entry = count == NULL ? NULL
+                                  : PyTuple_Pack(FIELDS, clock, count, Py_None, Py_None, s_empty);
+            rc = entry == NULL ? -1 : PySequence_SetItem(w->log, n - 1, entry);
+            goto done;
+        }
+    }
+    entry = PyTuple_Pack(FIELDS, clock, s_one, Py_None, Py_None, s_empty);
+    if (entry == NULL)
+        goto done;
+    r = PyObject_CallOneArg(w->history, entry);
+    if (r == NULL)
+        goto done;
+    Py_DECREF(r);
+    rc = 0;
+done:
+    Py_XDECREF(last);
+    Py_XDECREF(count);
+    Py_XDECREF(entry);
+    return rc;
+}
+
 /* What a fast call leaves behind once its ledger work is done, as the closures do it: the
    call and its blocks counted in ``Stats`` (``calls`` and ``blocks`` name the two counters),
-   then one flight-recorder entry ``(clock, ids, site, pool, what)``. -1 with an error set. */
+   then one flight-recorder entry ``(clock, ids, site, pool, what)``, or a call with no ids
+   folded into the newest entry (``evidence.fold_empty``). -1 with an error set. */
 static int
 record_call(Wrapper *w, PyObject *calls, PyObject *blocks, Py_ssize_t n, PyObject *clock,
             PyObject *ids, PyObject *site, PyObject *pool, PyObject *what)
@@ -2363,6 +2474,9 @@ record_call(Wrapper *w, PyObject *calls, PyObject *blocks, Py_ssize_t n, PyObjec
     if (stats_bump(w->stats, w->off_calls, calls, 1) < 0 ||
         stats_bump(w->stats, w->off_blocks, blocks, n) < 0)
         return -1;
+    if (PyList_GET_SIZE(ids) == 0)  /* counted, not recorded: see recorder_fold */
+        return w->recorder != NULL ? recorder_fold(w->recorder, clock)
+                                   : w->history == Py_None ? 0 : fold_into(w, clock);
     if (w->recorder != NULL) {
         PyObject *fields[FIELDS] = {clock, ids, site, pool, what};
         return recorder_put(w->recorder, fields);
@@ -2980,13 +3094,16 @@ wrapper_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     w->put = Py_NewRef(put);
     w->iterators = Py_NewRef(iterators);
     w->stats = Py_NewRef(stats);
+    w->log = Py_NewRef(Py_None);
     if (Py_IS_TYPE(history, &Recorder_Type)) {  /* recorded into in place */
         w->recorder = (Recorder *)Py_NewRef(history);
         w->history = Py_NewRef(Py_None);
     }
-    else
+    else {
         w->history = history == Py_None ? Py_NewRef(Py_None)
                                         : PyObject_GetAttrString(history, "append");
+        Py_SETREF(w->log, Py_NewRef(history));
+    }
     if (w->history == NULL) {  /* before anything else calls into Python */
         Py_DECREF(w);
         return NULL;
@@ -3059,6 +3176,7 @@ wrapper_traverse(Wrapper *w, visitproc visit, void *arg)
     Py_VISIT(w->iterators);
     Py_VISIT(w->stats);
     Py_VISIT(w->history);
+    Py_VISIT(w->log);
     Py_VISIT(w->recorder);
     Py_VISIT(w->capture);
     Py_VISIT(w->sites_index);
@@ -3105,6 +3223,7 @@ wrapper_clear(Wrapper *w)
     Py_CLEAR(w->iterators);
     Py_CLEAR(w->stats);
     Py_CLEAR(w->history);
+    Py_CLEAR(w->log);
     Py_CLEAR(w->recorder);
     Py_CLEAR(w->capture);
     Py_CLEAR(w->sites_index);
@@ -3267,6 +3386,9 @@ PyInit__fastpath(void)
     INTERN(s_free, "free");
     INTERN(s_share, "share");
     INTERN(s_allocate, "allocate");
+    INTERN(s_empty, "empty");
+    if ((s_one = PyLong_FromLong(1)) == NULL)
+        return NULL;
     INTERN(s_free_calls, "free_calls");
     INTERN(s_blocks_freed, "blocks_freed");
     INTERN(s_share_calls, "share_calls");

@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from . import kinds
 from .stacks import Frame, is_internal, resolve
 
+EMPTY = "empty"
+"""The op of a flight-recorder entry folding calls with no ids (``allocate(0)``, ``free([])``)."""
+
 MAX_BLOCKS_DETAILED = 4
 """Blocks whose free and allocation stacks a report prints (all ids are listed in the header)."""
 
@@ -103,21 +106,38 @@ class Operation:
     site: tuple | list = ()
     pool: object = None
     call: int = 0
+    count: int = 1
+    """The calls it stands for: ``count`` calls with no ids fold into one ``empty`` entry,
+    numbered ``call - count + 1`` to ``call``."""
 
     def to_dict(self) -> dict:
         frames = user_frames(self.site)
-        return {
+        d = {
             "op": self.op,
             "ids": list(self.ids),
             "pool": _jsonable(self.pool),
             "call": self.call,
             "site": frames[0].to_dict() if frames else None,
         }
+        if self.op == EMPTY:
+            d["count"] = self.count
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "Operation":
         site = [_frame_from_dict(d["site"])] if d.get("site") else []
-        return cls(d["op"], tuple(d.get("ids", ())), site, d.get("pool"), d.get("call", 0))
+        return cls(d["op"], tuple(d.get("ids", ())), site, d.get("pool"), d.get("call", 0),
+                   d.get("count", 1))
+
+    def line(self) -> str:
+        """The operation as a report's history shows it."""
+        if self.op == EMPTY:
+            first = self.call - self.count + 1
+            calls = f"#{first}..#{self.call}" if self.count > 1 else f"#{self.call}"
+            return f"... {self.count} empty call{'s' if self.count > 1 else ''} ({calls}) ..."
+        frames = user_frames(self.site)
+        at = f"  at {frames[0]}" if frames else ""
+        return f"#{self.call} {self.op} {list(self.ids)}{at}"
 
 
 @dataclass
@@ -186,10 +206,7 @@ class Violation:
                 lines += _stack_lines(block.allocated_at)
         if self.history:
             lines.append("\nlast operations on this allocator, oldest first:")
-            for op in self.history:
-                frames = user_frames(op.site)
-                at = f"  at {frames[0]}" if frames else ""
-                lines.append(f"    #{op.call} {op.op} {list(op.ids)}{at}")
+            lines += [f"    {op.line()}" for op in self.history]
         lines.append("")
         lines.append(self.summary())
         return "\n".join(lines)

@@ -153,3 +153,36 @@ def test_readme_download_command_fetches_what_ci_downloads():
                             readme, re.M)
     assert command.split() == loop.split(), (
         "README's download command should list the pins of .ci/run's download loop")
+
+
+def defined_in(module: str, attribute: str) -> bool:
+    """Whether ``module`` has ``attribute`` of its own (a function or class it imports from
+    elsewhere is named by the module that defines it)."""
+    value = getattr(importlib.import_module(module), attribute, defined_in)
+    return value is not defined_in and getattr(value, "__module__", module) == module
+
+
+def test_the_c_extensions_comments_name_python_code_that_exists():
+    """``kvguard/_fastpath.c`` is the compiled twin of Python code, and its comments say of
+    which (``readers.fast_reader's read_objects``, ``evidence.fold_empty``): each such name, a
+    kvguard module's short or dotted name and an attribute, must be defined there."""
+    package = REPO / "kvguard"
+    modules: dict = {}
+    for path in package.rglob("*.py"):  # modules, not packages (``guard`` is an object there)
+        if path.name == "__init__.py":
+            continue
+        dotted = ".".join(path.relative_to(REPO).with_suffix("").parts)
+        modules.setdefault(dotted.rsplit(".", 1)[-1], []).append(dotted)
+        modules.setdefault(dotted, []).append(dotted)
+    text = (package / "_fastpath.c").read_text()
+    named = set(re.findall(r"\b((?:kvguard\.)?[a-z_]+(?:\.[a-z_]+)*)\.([A-Za-z_]\w*)\b", text))
+    checked, missing = 0, []
+    for module, attribute in sorted(named):
+        candidates = modules.get(module)
+        if not candidates or attribute == "py":  # a file's name
+            continue
+        checked += 1
+        if not any(defined_in(m, attribute) for m in candidates):
+            missing.append(f"{module}.{attribute}")
+    assert checked >= 5, "the pattern no longer finds the comments' names"
+    assert not missing, f"_fastpath.c's comments name what is gone: {missing}"

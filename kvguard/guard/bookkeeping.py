@@ -61,7 +61,7 @@ def commit_release(guard, plan) -> None:
         # The flight recorder keeps what the allocator received (log mode forwards a faulty
         # call untouched), so `kvguard replay` can find where the allocator went wrong.
         received = plan.norm.ids if received_as_given(guard, plan) else ids
-        guard.history.append((clock, received, site, plan.pool, op))
+        evidence.record(guard.history, (clock, received, site, plan.pool, op), plan.faulty)
     if revived:
         settle(guard, watched(guard, "on_share", plan.method, plan.pool, ledger, revived))
 
@@ -88,7 +88,7 @@ def commit_allocation(guard, args, kwargs, result, site, method=None) -> None:
     guard.stats.alloc_calls += 1
     guard.stats.blocks_allocated += len(fresh)
     if guard.history is not None:
-        guard.history.append((clock, norm.ids, site, pool, "allocate"))
+        evidence.record(guard.history, (clock, norm.ids, site, pool, "allocate"), faults)
     violations += watched(guard, "on_alloc", method, pool, ledger, fresh)
     settle(guard, violations)
 

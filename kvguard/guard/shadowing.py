@@ -27,6 +27,7 @@ from . import careful, compiled
 from .arguments import MISSING, Param
 from .careful import alloc_slow
 from .decisions import contain
+from .evidence import fold_empty
 from .holders import as_holder
 from .readers import fast_ledger, fast_reader, keeps_all_for
 
@@ -101,10 +102,8 @@ def install(guard) -> None:
 
 
 def wrap_free(guard, original):
-    """The free wrapper. Its fast path (ids read by ``_fast_reader``, every one live in the
-    call's ledger, none repeated) is inlined with everything it needs bound as locals: this
-    is where the overhead budget goes, so every line counts. Refcounted pools drop one
-    reference per id; a block whose count reaches 0 becomes a tombstone."""
+    """The free wrapper: its fast path takes ids ``fast_reader`` reads, each once and live in the
+    call's ledger. Refcounted pools drop one reference per id; at 0 a block is a tombstone."""
     return wrap_release(guard, original, guard.spec.free, guard._free_param, share=False)
 
 
@@ -226,7 +225,8 @@ def wrap_release(guard, original, method, param, share):
                             stats.share_calls += 1
                             stats.blocks_shared += n
                             if history is not None:
-                                history.append((clock, ids, site, pool, "share"))
+                                history.append((clock, ids, site, pool, "share")) if ids else \
+                                    fold_empty(history, clock)
                             return result
                         if ref is None:
                             if n == 1:
@@ -257,7 +257,8 @@ def wrap_release(guard, original, method, param, share):
                         stats.free_calls += 1
                         stats.blocks_freed += n
                         if history is not None:
-                            history.append((clock, ids, site, pool, "free"))
+                            history.append((clock, ids, site, pool, "free")) if ids else \
+                                fold_empty(history, clock)
                         return result
             if share:
                 return slow(guard, original, args, kwargs)
@@ -343,7 +344,8 @@ def wrap_alloc(guard, original):
                         stats.alloc_calls += 1
                         stats.blocks_allocated += n
                         if history is not None:
-                            history.append((clock, ids, site, pool, "allocate"))
+                            history.append((clock, ids, site, pool, "allocate")) if ids else \
+                                fold_empty(history, clock)
                         return result
             return alloc_slow(guard, capture, args, kwargs, result, depth, up=2)
 

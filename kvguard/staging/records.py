@@ -137,7 +137,7 @@ def _kind(value) -> bool:
 
 
 FRAME = {"file": _str, "line": _int, "function": _str}
-OPERATION = {"op": _str, "ids": _ids, "pool": _scalar, "call": _int,
+OPERATION = {"op": _str, "ids": _ids, "pool": _scalar, "call": _int, "count": _positive,
              "site": lambda v: v is None or _frame_problem(v) is None}
 BLOCK = {"id": _int, "state": _str, "refcount": _int, "owner": _scalar, "holder": _scalar,
          "last_call": _int,

@@ -17,6 +17,8 @@ import sys
 import zlib
 from dataclasses import dataclass, field
 
+from ..violation import EMPTY
+
 
 @dataclass
 class Step:
@@ -31,6 +33,13 @@ class Step:
     """``(kind, message)`` pairs, in kvguard's violation kinds."""
     gap_before: int = 0
     """Calls missing from the record just before this one."""
+    count: int = 1
+    """The calls it stands for: an ``empty`` step counts calls with no ids, the last
+    numbered ``call``."""
+
+    @property
+    def first_call(self) -> int:
+        return self.call - self.count + 1
 
     def where(self) -> str:
         s = self.site
@@ -38,7 +47,7 @@ class Step:
 
     def to_dict(self) -> dict:
         return {"call": self.call, "op": self.op, "ids": self.ids, "pool": self.pool,
-                "site": self.site, "gap_before": self.gap_before,
+                "site": self.site, "gap_before": self.gap_before, "count": self.count,
                 "problems": [{"kind": k, "message": m} for k, m in self.problems]}
 
 
@@ -59,6 +68,8 @@ class ModelAllocator:
         self.state.clear()
 
     def apply(self, step: Step) -> list:
+        if step.op == EMPTY:  # calls with no ids change no block
+            return []
         pool, ids, call = step.pool, step.ids, step.call
         problems = []
         seen, dups = set(), []
@@ -146,7 +157,7 @@ class Replay:
     def render(self) -> str:
         g = self.guard
         steps = self.steps
-        span = f"calls #{steps[0].call}..#{steps[-1].call}" if steps else "no calls"
+        span = f"calls #{steps[0].first_call}..#{steps[-1].call}" if steps else "no calls"
         lines = [f"kvguard replay: {g.get('name', '?')} ({g.get('class', '?')} at "
                  f"{g.get('address', '?')}), pid {self.pid}, {len(self.reports)} report(s) in "
                  f"{self.file}",
@@ -156,7 +167,7 @@ class Replay:
         by_call: dict = {}
         for after, v in self.reports:
             by_call.setdefault(after, []).append(v)
-        width = max((len(str(list(s.ids))) for s in steps), default=0)
+        width = max((len(str(list(s.ids))) for s in steps if s.op != EMPTY), default=0)
         width = min(width, 40)
         for v in by_call.pop(0, []):
             lines.append(f"    >> reported before the first recorded call: {_short(v)}")
@@ -164,8 +175,12 @@ class Replay:
             if s.gap_before:
                 lines.append(f"    ... {s.gap_before} call(s) not recorded (the model forgets "
                              "what it knew)")
-            ids = str(list(s.ids))
-            lines.append(f"    #{s.call:<5} {s.op:<8} {ids:<{width}}  at {s.where()}")
+            if s.op == EMPTY:
+                lines.append(f"    ... {s.count} empty call(s) #{s.first_call}..#{s.call} (no "
+                             "ids: counted, not recorded one by one)")
+            else:
+                ids = str(list(s.ids))
+                lines.append(f"    #{s.call:<5} {s.op:<8} {ids:<{width}}  at {s.where()}")
             for kind, message in s.problems:
                 lines.append(f"           !! {kind}: {message}")
             for v in by_call.pop(s.call, []):
@@ -249,21 +264,30 @@ def build(path: str, *, guard: str | None = None, pid: int | None = None,
     for rec in chosen:
         history = rec["violation"].get("history") or []
         for op in history:
-            ops.setdefault(op.get("call", 0), op)
+            count = _count(op)
+            first = op.get("call", 0) - count + 1
+            if first not in ops or count > _count(ops[first]):  # a fold grows between reports
+                ops[first] = op
         reports.append((max((op.get("call", 0) for op in history), default=0),
                         rec["violation"]))
-    steps = [Step(call, op.get("op", "?"), list(op.get("ids", [])), op.get("pool"),
-                  op.get("site")) for call, op in sorted(ops.items())]
+    steps = [Step(op.get("call", 0), op.get("op", "?"), list(op.get("ids", [])), op.get("pool"),
+                  op.get("site"), count=_count(op)) for _, op in sorted(ops.items())]
     model = ModelAllocator({s.pool for s in steps if s.op == "share"})
     previous = None
     for s in steps:
-        if previous is not None and s.call > previous + 1:
-            s.gap_before = s.call - previous - 1
+        if previous is not None and s.first_call > previous + 1:
+            s.gap_before = s.first_call - previous - 1
             model.forget()
         s.problems = model.apply(s)
-        previous = s.call
+        previous = max(s.call, previous or 0)
     return Replay(chosen[0].get("guard") or {}, chosen[0].get("pid"), path, steps, reports,
                   others)
+
+
+def _count(op: dict) -> int:
+    """How many calls a recorded operation stands for (an ``empty`` one counts several)."""
+    count = op.get("count", 1) if op.get("op") == EMPTY else 1
+    return count if type(count) is int and count >= 1 else 1
 
 
 def replay_command(argv) -> int:

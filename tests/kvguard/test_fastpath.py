@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 import kvguard
 from kvguard.guard import careful
+from kvguard.guard.evidence import operations
 from kvguard.marks import THE_ALLOCATOR
 
 from .conftest import three_ways, use_wrappers
@@ -397,7 +398,9 @@ def seen(guard):
                    [(op.op, tuple(op.ids), op.pool, op.call) for op in v.history])
                   for v in guard.violations]
     live = {b: (r.refcount, r.allocated_by_call) for b, r in guard.live.items()}
-    return violations, live, guard.stats.to_dict(), ledger_state(guard)
+    history = [(op.op, tuple(op.ids), op.pool, op.call, op.count)
+               for op in operations(guard.history)]
+    return violations, live, guard.stats.to_dict(), ledger_state(guard), history
 
 
 def twins_of(kind, spec, mode, stacks):
@@ -520,3 +523,33 @@ def test_an_argument_read_twice_reaches_the_allocator_as_the_guard_read_it(form,
         assert g.history[-1][1] == ids and g.violations == [], (accel, fast)
         expected = [2 if method == "share" else 0] * 3
         assert [allocator.ref[0][b] for b in ids] == expected, (accel, fast)
+
+
+def test_calls_with_no_ids_are_counted_not_recorded_alike_on_all_three():
+    """An engine's ``allocate(0)`` and ``free([])`` (most of Hugging Face continuous batching's
+    calls) fold into one ``empty`` entry between real ones, counting them and ending at the
+    last one's call number, on the compiled wrappers, the closures and the careful path; a
+    faulty call whose ids were all refused keeps an entry of its own."""
+    histories, reports = [], []
+    for accel, fast in three_ways():
+        allocator = twin(False)
+        with use_wrappers(accel):
+            guard = kvguard.guard(allocator, SHAPES["plain"][1], on_violation="log",
+                                  stacks="off", fast_path=fast, history=5)
+        held = handed_ids(allocator.allocate(2))
+        for _ in range(57):
+            allocator.allocate(0)
+            allocator.free([])
+        allocator.free(held[:1])
+        allocator.free([])
+        allocator.free([-1])  # refused: a report, and an entry of its own
+        allocator.free([])
+        allocator.free(held[:1])  # a double free: its report shows the recorder
+        histories.append([(op.op, op.ids, op.call, op.count)
+                          for op in operations(guard.history)])
+        reports.append(guard.violations[-1].render().split("oldest first:")[1])
+    assert histories[0] == [("free", (0,), 117, 1), ("empty", (), 118, 1),
+                            ("free", (), 119, 1), ("empty", (), 120, 1), ("free", (0,), 121, 1)]
+    assert all(h == histories[0] for h in histories)
+    assert "    ... 114 empty calls (#3..#116) ...\n    #117 free [0]\n" in reports[0]
+    assert all(r == reports[0] for r in reports)

@@ -34,14 +34,16 @@ def entry(n):
 
 OPS = st.lists(st.one_of(st.tuples(st.just("append"), st.integers(0, 10 ** 6)),
                          st.tuples(st.just("clear")),
-                         st.tuples(st.just("index"), st.integers(-50, 50))), max_size=120)
+                         st.tuples(st.just("index"), st.integers(-50, 50)),
+                         st.tuples(st.just("assign"), st.integers(-50, 50),
+                                   st.integers(0, 10 ** 6))), max_size=120)
 
 
 @settings(max_examples=150, deadline=None)
 @given(maxlen=st.integers(1, 40), ops=OPS)
 def test_it_reads_as_a_deque_with_that_maxlen_reads(maxlen, ops):
-    """Appends past maxlen (and past the first allocation of 8 slots), clears, indexing (in
-    range or not, negative too): every read gives what the deque gives."""
+    """Appends past maxlen (and past the first allocation of 8 slots), clears, indexing and
+    assigning (in range or not, negative too): every read gives what the deque gives."""
     ring, model = FASTPATH.FlightRecorder(maxlen), collections.deque(maxlen=maxlen)
     for op in ops:
         if op[0] == "append":
@@ -50,6 +52,14 @@ def test_it_reads_as_a_deque_with_that_maxlen_reads(maxlen, ops):
         elif op[0] == "clear":
             ring.clear()
             model.clear()
+        elif op[0] == "assign":  # as evidence.fold_empty rewrites the newest entry
+            try:
+                model[op[1]] = entry(op[2])
+            except IndexError:
+                with pytest.raises(IndexError):
+                    ring[op[1]] = entry(op[2])
+            else:
+                ring[op[1]] = entry(op[2])
         else:
             try:
                 expected = model[op[1]]
@@ -86,6 +96,38 @@ def test_an_entry_that_is_not_a_five_tuple_is_refused_and_changes_nothing(bad):
     with pytest.raises(TypeError, match="flight-recorder entry"):
         ring.append(bad)
     assert list(ring) == [entry(1)]
+
+
+def test_an_entry_is_replaced_only_by_a_five_tuple_and_never_deleted():
+    ring = FASTPATH.FlightRecorder(2)
+    ring.append(entry(1))
+    with pytest.raises(TypeError, match="flight-recorder entry"):
+        ring[0] = (1, 2)
+    with pytest.raises(TypeError, match="cannot be deleted"):
+        del ring[0]
+    assert list(ring) == [entry(1)]
+
+
+def test_empty_calls_fold_in_c_into_a_deque_history_as_into_the_recorder(monkeypatch):
+    """The compiled wrappers fold calls with no ids into the newest entry of a guard's history
+    in place when it is their FlightRecorder, and through the sequence protocol when it is any
+    other (a deque): the same entries either way, and the same as the closures'."""
+    seen = []
+    for accel, deque_history in ((FASTPATH, False), (FASTPATH, True), (None, True)):
+        monkeypatch.setattr(shadowing, "ACCEL", accel)
+        if deque_history:
+            monkeypatch.setattr(shadowing, "new_history",
+                                lambda n: collections.deque(maxlen=n))
+        a = LinkedFreeList(8)
+        g = kvguard.guard(a, LINKED_FREE_LIST_SPEC, history=3, stacks="off")
+        for n in (0, 2, 0, 0, 1, 0):
+            a.free(a.allocate(n))
+        a.free([])
+        seen.append((type(g.history).__name__, list(g.history)))
+    assert [name for name, _ in seen] == ["FlightRecorder", "deque", "deque"]
+    assert seen[0][1] == seen[1][1] == seen[2][1] == [
+        (10, [1], 0, None, "allocate"), (11, [1], 0, None, "free"),
+        (14, 3, None, None, "empty")]  # calls #12..#14
 
 
 @pytest.mark.parametrize("maxlen, error", [(0, ValueError), (-1, ValueError), ("3", TypeError),

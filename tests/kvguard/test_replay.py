@@ -84,6 +84,30 @@ def test_a_gap_in_the_record_makes_the_model_forget(tmp_path):
     assert "call(s) not recorded" in result.render()
 
 
+def test_empty_calls_folded_in_the_record_are_counted_not_taken_for_a_gap(tmp_path):
+    """Calls with no ids are one ``empty`` entry counting them; a fold that grew between two
+    reports is one step, and the calls it counts are no gap: the model keeps what it knew."""
+    def script(a):
+        ids = a.allocate(2)                # call #2
+        for _ in range(3):
+            a.allocate(0)                  # #3..#5
+        with pytest.raises(ValueError):
+            a.free([7])                    # report 1: window #2, #3..#5
+        a.free([])                         # #6..#7: the same fold, grown
+        a.free([])
+        a.free([ids[0], ids[0]])           # #8: duplicate-id, forwarded
+        with pytest.raises(ValueError):
+            a.free([7])                    # report 3: window #2, #3..#7, #8
+    result = build(str(recorded(tmp_path, script)))
+    assert [(s.op, s.call, s.count, s.gap_before) for s in result.steps] == [
+        ("allocate", 2, 1, 0), ("empty", 7, 5, 0), ("free", 8, 1, 0)]
+    first = result.first_wrong
+    assert (first.call, first.op) == (8, "free")
+    text = result.render()
+    assert "calls #2..#8:" in text and "call(s) not recorded" not in text
+    assert "    ... 5 empty call(s) #3..#7 (no ids" in text
+
+
 def test_the_model_allocator():
     m = ModelAllocator(refcounted_pools={None})
     steps = [Step(2, "allocate", [4, 5]), Step(3, "share", [4]), Step(4, "free", [4, 5]),

@@ -117,6 +117,21 @@ def test_to_dict_is_json_and_from_dict_gives_the_same_report_back():
     assert "note: the guard attached while blocks were out; 2 id(s) were taken as live" in text
 
 
+def test_a_fold_of_empty_calls_renders_as_a_count_and_survives_the_round_trip():
+    v = double_free(history=[Operation("allocate", (5,), ALLOCATED, "gpu", 3),
+                             Operation("empty", (), (), None, 60, count=57),
+                             Operation("empty", (), (), None, 62, count=1),
+                             Operation("free", (5,), FREED, "gpu", 63)])
+    d = v.to_dict()
+    assert d["history"][1] == {"op": "empty", "ids": [], "pool": None, "call": 60, "site": None,
+                               "count": 57}
+    assert "count" not in d["history"][0]
+    assert Violation.from_dict(json.loads(json.dumps(d))).to_dict() == d
+    assert "    #3 allocate [5]  at /srv/engine/sched.py:22 in Scheduler.admit\n" \
+           "    ... 57 empty calls (#4..#60) ...\n    ... 1 empty call (#62) ...\n" \
+           "    #63 free [5]  at " in v.render()
+
+
 def test_a_real_guards_violation_survives_the_round_trip():
     pool = LinkedFreeList(8)
     kvguard.guard(pool, LINKED_FREE_LIST_SPEC)

@@ -28,6 +28,7 @@ def recorded_ops(steps, reports=()) -> list:
     """The replay's recorded steps as exact operations, with blocks allocated before the window
     handed out first. A report's own call is not in its window (it is recorded after the
     report): when no later window holds it, it is rebuilt from the report's kind and ids."""
+    steps = [step for step in steps if not step.reported]  # rebuilt below, with their repeats
     calls = {step.call for step in steps}
     rebuilt: dict = {}
     for after, violation in reports:
@@ -45,16 +46,31 @@ def recorded_ops(steps, reports=()) -> list:
         seen.update(ids)
         ops.append(("exact", op, ids))
 
+    placed: dict = {}  # each rebuilt call after the last recorded step at or before it
     for after, extra in rebuilt.items():
-        if not any(step.call <= after for step in steps):
-            for op, ids in extra:
-                add(op, ids)
+        last = max((step.call for step in steps if step.call <= after), default=None)
+        placed.setdefault(last, []).extend(extra)
+    for op, ids in placed.get(None, ()):
+        add(op, ids)
     for step in steps:
         if step.op in ("allocate", "free", "share"):  # a reset: the replay goes on
             add(step.op, tuple(b for b in step.ids if type(b) is int))
-        for op, ids in rebuilt.get(step.call, ()):
+        for op, ids in placed.get(step.call, ()):
             add(op, ids)
     return ([("exact", "allocate", tuple(earlier))] if earlier else []) + ops
+
+
+def hands_out_first(ops) -> bool:
+    """Whether each block a recorded free or share names was handed out by a recorded call
+    before it: the shrinker keeps the allocation a bad free needs (freeing a block never
+    handed out is the caller's bug, not the one the log shows)."""
+    handed: set = set()
+    for _, op, ids in ops:
+        if op == "allocate":
+            handed.update(ids)
+        elif not handed.issuperset(ids):
+            return False
+    return True
 
 
 def emit(replay, factory, spec, driver=None, make=None):
@@ -74,7 +90,7 @@ def emit(replay, factory, spec, driver=None, make=None):
                          "state from before the record starts (a longer record: "
                          "KVGUARD_HISTORY=N), or a bigger pool (--factory)")
     clause = found.clause
-    kept = shrink(ops, lambda c: (broken(c)[1] or _NONE).clause == clause)
+    kept = shrink(ops, lambda c: hands_out_first(c) and (broken(c)[1] or _NONE).clause == clause)
     run, found = broken(kept)
     from .findings import contract_error
     from .harm import drive_on, of_break

@@ -36,6 +36,9 @@ class Step:
     count: int = 1
     """The calls it stands for: an ``empty`` step counts calls with no ids, the last
     numbered ``call``."""
+    reported: bool = False
+    """Not in any recorded window: a report's own call, known from the report alone (its ids
+    are the ones it names, its problems the report's)."""
 
     @property
     def first_call(self) -> int:
@@ -48,6 +51,7 @@ class Step:
     def to_dict(self) -> dict:
         return {"call": self.call, "op": self.op, "ids": self.ids, "pool": self.pool,
                 "site": self.site, "gap_before": self.gap_before, "count": self.count,
+                "reported": self.reported,
                 "problems": [{"kind": k, "message": m} for k, m in self.problems]}
 
 
@@ -178,6 +182,10 @@ class Replay:
             if s.op == EMPTY:
                 lines.append(f"    ... {s.count} empty call(s) #{s.first_call}..#{s.call} (no "
                              "ids: counted, not recorded one by one)")
+            elif s.reported:
+                named = f"; it names {_ids(s.ids)}" if s.ids else ""
+                lines.append(f"    #{s.call:<5} {s.op:<8} {'?':<{width}}  at {s.where()}  (in no "
+                             f"recorded window: known from its report{named})")
             else:
                 ids = str(list(s.ids))
                 lines.append(f"    #{s.call:<5} {s.op:<8} {ids:<{width}}  at {s.where()}")
@@ -191,7 +199,12 @@ class Replay:
                 lines.append(f"    >> reported after call #{after}: {_short(v)}")
         lines.append("")
         first = self.first_wrong
-        if first is not None:
+        if first is not None and first.reported:
+            lines.append(f"state first went wrong at call #{first.call}: {first.op} at "
+                         f"{first.where()} (the reported call itself; no recorded window holds "
+                         "it, so its ids are the ones its report names)")
+            lines += [f"  {kind}: {message}" for kind, message in first.problems]
+        elif first is not None:
             lines.append(f"state first went wrong at call #{first.call}: {first.op} "
                          f"{list(first.ids)} at {first.where()}")
             lines += [f"  {kind}: {message}" for kind, message in first.problems]
@@ -280,8 +293,42 @@ def build(path: str, *, guard: str | None = None, pid: int | None = None,
             model.forget()
         s.problems = model.apply(s)
         previous = max(s.call, previous or 0)
+    steps = sorted(steps + reported_calls(steps, reports, chosen), key=lambda s: s.call)
     return Replay(chosen[0].get("guard") or {}, chosen[0].get("pid"), path, steps, reports,
                   others)
+
+
+HANDOUT_KINDS = frozenset({"shared-block", "write-after-free"})
+"""Kinds a report names on a hand-out (an allocation's result) rather than on a release."""
+
+
+def reported_calls(steps, reports, chosen) -> list:
+    """The reported calls no recorded window holds, as steps of their own (with the report's
+    problems): a report's call is the one after its window (log and repair mode forward it,
+    and it is recorded after the report is drawn), so when throttled logging left it out of
+    every later window, only the report itself says where the state went wrong."""
+    recorded = set()
+    for s in steps:
+        recorded.update(range(s.first_call, s.call + 1))
+    out: dict = {}
+    for (after, violation), rec in zip(reports, chosen):
+        mode = (rec.get("guard") or {}).get("mode")
+        forwarded = mode in ("log", "repair") or (violation.get("extra") or {}).get(
+            "stepped_aside")
+        call = after + 1
+        if not after or not forwarded or call in recorded:
+            continue
+        if call not in out:
+            frames = violation.get("call_stack") or []
+            kind = violation.get("kind")
+            method = violation.get("method") or ""
+            op = method if method in ("allocate", "free", "share") else \
+                "allocate" if kind in HANDOUT_KINDS else "free"
+            ids = [b for b in violation.get("block_ids") or () if type(b) is int]
+            out[call] = Step(call, op, ids, violation.get("pool"),
+                             frames[0] if frames else None, reported=True)
+        out[call].problems.append((violation.get("kind"), violation.get("message", "")))
+    return list(out.values())
 
 
 def _count(op: dict) -> int:

@@ -59,12 +59,60 @@ def test_replay_finds_the_call_that_corrupted_the_allocator(tmp_path):
 
 
 def test_one_window_alone(tmp_path):
+    """Report 1's window holds call #2 only; its own call, #3, is known from the report."""
     path = str(recorded(tmp_path, seed_bug))
     alone = build(path, violation=1)
-    assert [s.call for s in alone.steps] == [2] and alone.first_wrong is None
-    assert "every recorded operation is consistent" in alone.render()
+    assert [(s.call, s.reported) for s in alone.steps] == [(2, False), (3, True)]
+    assert (alone.first_wrong.call, alone.first_wrong.problems[0][0]) == (3, "duplicate-id")
     with pytest.raises(ValueError, match="holds 4 report"):
         build(path, violation=9)
+
+
+def test_a_report_in_raise_mode_is_not_taken_for_a_call_the_allocator_received(tmp_path):
+    path = tmp_path / "r.jsonl"
+    sink = JsonLinesSink(str(path), every=1)
+    unsubscribe = kvguard.subscribe(sink)
+    a = LinkedFreeList(8)
+    g = kvguard.guard(a, LINKED_FREE_LIST_SPEC, history=8)
+    a.allocate(2)
+    with pytest.raises(kvguard.KVGuardError):
+        a.free([0, 0])  # rejected before the allocator sees it: no call #3
+    unsubscribe()
+    sink.close([g])
+    result = build(str(path))
+    assert [s.call for s in result.steps] == [2] and result.first_wrong is None
+    assert "every recorded operation is consistent" in result.render()
+
+
+def outside_every_window(a):
+    """The first report's call is left out of every recorded window (the next report comes
+    hundreds of calls later: the log is throttled, the recorder short), and what it corrupted
+    shows only there."""
+    for _ in range(5):
+        a.free(a.allocate(1))              # calls #2..#11
+    held = a.allocate(3)                   # #12: [0, 1, 2]
+    a.free([held[0], held[0], held[1]])    # #13: duplicate-id, forwarded: 0 is free twice
+    for _ in range(300):
+        a.free(a.allocate(1))
+    a.allocate(2)                          # [1, 0]
+    a.allocate(2)                          # [0, -1]: 0 handed out again, shared-block
+    with pytest.raises(ValueError):
+        a.free([-3])                       # a report whose window holds that hand-out
+
+
+def test_the_first_bad_call_is_named_when_no_window_holds_it(tmp_path):
+    """The report records themselves place a reported call no window holds: the call after
+    its report's window. Replay names it (#13), not the later call a window shows (#615)."""
+    result = build(str(recorded(tmp_path, outside_every_window, history=8)))
+    first = result.first_wrong
+    assert (first.call, first.op, first.ids, first.reported) == (13, "free", [0], True)
+    assert first.problems[0][0] == "duplicate-id"
+    later = [s for s in result.steps if s.problems and not s.reported]
+    assert [(s.call, s.op) for s in later] == [(615, "allocate")]  # what the model saw too
+    text = result.render()
+    assert "state first went wrong at call #13: free at " in text
+    assert "(in no recorded window: known from its report; it names block 0)" in text
+    assert json.loads(json.dumps(result.to_dict()))["first_wrong"]["reported"] is True
 
 
 def test_a_gap_in_the_record_makes_the_model_forget(tmp_path):
@@ -148,10 +196,15 @@ def test_replay_blames_exactly_the_bad_call(tmp_path_factory, ops, bad_at):
     path = recorded(tmp_path_factory.mktemp("r"), script, history=64)
     result = build(str(path))
     first = result.first_wrong
+    recorded_steps = [s for s in result.steps if not s.reported]
+    (last,) = [s for s in result.steps if s.reported]  # free([-1]), known from its report
+    assert (last.call, last.ids, last.problems[0][0]) == (recorded_steps[-1].call + 1, [-1],
+                                                          "invalid-id")
     if expected:
-        assert first is not None and first.ids[0] == first.ids[1] and first is result.steps[-1]
+        assert first is not None and first.ids[0] == first.ids[1] and \
+            first is recorded_steps[-1]
     else:
-        assert first is None
+        assert first is last
 
 
 def cli(*args):

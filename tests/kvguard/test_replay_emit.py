@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+import kvguard
 from kvguard.cli import main
+from kvguard.examples import LINKED_FREE_LIST_SPEC, LinkedFreeList
+from kvguard.staging import JsonLinesSink
 from .test_conformance import FixedLinkedFreeList
-from .test_replay import recorded, seed_bug
+from .test_replay import outside_every_window, recorded, seed_bug
 
 pytestmark = pytest.mark.usefixtures("quiet_kvguard_log")
 
@@ -40,6 +43,42 @@ def test_the_seed_bug_log_becomes_a_test_that_fails_before_the_fix(tmp_path, cap
     with pytest.raises(AssertionError, match="two owners"):
         _run_test(test)
     _run_test(test, FixedLinkedFreeList)
+
+
+class RangeCheckedFreeList(LinkedFreeList):
+    """DeepSpeed 0.19.8's validation: free() checks the range of each id, nothing else (a
+    free of a block never handed out is taken too)."""
+
+    def free(self, blocks) -> None:
+        for block in blocks:
+            if not 0 <= block < self._num_blocks:
+                raise ValueError(f"invalid block {block}")
+        for block in blocks:
+            self._blocks[block] = self._head
+            self._head = block
+            self._free_blocks += 1
+
+
+def test_the_bad_free_no_window_holds_keeps_the_allocation_before_it(tmp_path, capsys):
+    """The first report's call is in no recorded window: rebuilt from the report, it keeps
+    the hand-out of the blocks it frees, even where the allocator would take the repeat on
+    blocks never handed out (shrinking them away would blame the caller, not the allocator)."""
+    path = tmp_path / "r.jsonl"
+    sink = JsonLinesSink(str(path), every=1)
+    unsubscribe = kvguard.subscribe(sink)
+    a = RangeCheckedFreeList(8)
+    g = kvguard.guard(a, LINKED_FREE_LIST_SPEC, on_violation="log", history=8)
+    try:
+        outside_every_window(a)
+    finally:
+        unsubscribe()
+        sink.close([g])
+    code, test, err = emitted(capsys, path)
+    assert code == 0 and "duplicate-id: 2 of" in err
+    assert "a = RangeCheckedFreeList(8)\n    a.allocate(3)  # returned [0, 1, 2]\n" \
+           "    bad = [0, 0]\n" in test
+    with pytest.raises(AssertionError, match="two owners"):
+        _run_test(test)
 
 
 def test_calls_the_violation_does_not_need_are_shrunk_away(tmp_path, capsys):

@@ -97,6 +97,9 @@ class JsonLinesSink:
         self._lock = threading.Lock()
         self._collected: collections.deque = collections.deque()
         self._fd = None
+        self._started = False
+        """Whether the open file has this process's ``start`` line: no other line goes before
+        it (a start line dropped by a full pipe is written again before the next line)."""
         self._pid = os.getpid()
         self.path = None
         self.written = 0
@@ -202,6 +205,7 @@ class JsonLinesSink:
                 if self._fd is not None:
                     os.close(self._fd)
                     self._fd = None
+                    self._started = False
             finally:
                 self._lock.release()
         except Exception as exc:
@@ -242,7 +246,7 @@ class JsonLinesSink:
     def _write(self, record: dict, force: bool = False) -> None:
         if self.failed:
             return
-        if self._fd is None and not self._open():
+        if not self._started and not self._open(record.get("time")):
             self.dropped += 1
             return
         self._put((json.dumps(record, default=repr) + "\n").encode())
@@ -252,7 +256,7 @@ class JsonLinesSink:
         may be killed outright (a Ray worker) is then known to have run."""
         try:
             with self._lock:
-                if self._fd is None and not self.failed and not self.closed:
+                if not self._started and not self.failed and not self.closed:
                     self._open()
         except Exception as exc:
             self._fail(exc)
@@ -273,35 +277,44 @@ class JsonLinesSink:
         self.written += len(data)
         return True
 
-    def _open(self) -> bool:
+    def _open(self, first: float | None = None) -> bool:
         """Open the file (non-blocking: a FIFO with no reader is an error at once, not a
-        wait) and write the ``start`` line; False when there is nobody to read it yet."""
-        self.path = log_path(self.template)
-        directory = os.path.dirname(self.path)
-        if directory:
-            os.makedirs(directory, exist_ok=True)
-        try:
-            self._fd = os.open(self.path, _OPEN_FLAGS, 0o644)
-        except OSError as exc:
-            if exc.errno != errno.ENXIO:
-                raise
-            if not self._no_reader_said:
-                self._no_reader_said = True
-                from ..logger import emit
-                emit(logging.WARNING, "kvguard: %s is a FIFO with no reader: violation "
-                     "records are dropped (and counted) until one opens it", self.path)
-            return False
+        wait) unless it is open, and write the ``start`` line; False when there is nobody to
+        read it yet, or it was dropped. The start line is stamped no later than ``first``, the
+        time of the line it goes before (stamped before this was called): sorted by time, as
+        a log store shows them, a process's lines still begin with its start."""
+        if self._fd is None:
+            self.path = log_path(self.template)
+            directory = os.path.dirname(self.path)
+            if directory:
+                os.makedirs(directory, exist_ok=True)
+            try:
+                self._fd = os.open(self.path, _OPEN_FLAGS, 0o644)
+            except OSError as exc:
+                if exc.errno != errno.ENXIO:
+                    raise
+                if not self._no_reader_said:
+                    self._no_reader_said = True
+                    from ..logger import emit
+                    emit(logging.WARNING, "kvguard: %s is a FIFO with no reader: violation "
+                         "records are dropped (and counted) until one opens it", self.path)
+                return False
         from .. import __version__
-        start = {"kvguard": FORMAT_VERSION, "event": "start", "time": time.time(),
+        now = time.time()
+        if type(first) is float and first < now:
+            now = first
+        start = {"kvguard": FORMAT_VERSION, "event": "start", "time": now,
                  "pid": os.getpid(), "ppid": os.getppid(), "host": socket.gethostname(),
                  "argv": list(getattr(sys, "argv", ())), "python": sys.version.split()[0],
                  "version": __version__, "config": self.config}
         if self.run is not None:
             start["run"] = self.run
         _add_ray_context(start)
-        return self._put((json.dumps(start, default=repr) + "\n").encode())
+        self._started = self._put((json.dumps(start, default=repr) + "\n").encode())
+        return self._started
 
     def _close_fd(self) -> None:
+        self._started = False
         fd, self._fd = self._fd, None
         if fd is not None:
             try:

@@ -251,6 +251,31 @@ def test_sink_logs_each_call_site_once_per_n_and_counts_exactly(tmp_path, caplog
     assert stats["stats"]["violations"] == {"foreign-id": 250}
 
 
+@pytest.mark.parametrize("violation", [False, True])
+def test_a_process_lines_begin_with_its_start_in_the_file_and_in_time(tmp_path, monkeypatch,
+                                                                       violation):
+    """The start line is written when the first line is, and that line is stamped before the
+    file is opened: the start line's time must not be later than it (sorted by time, as a
+    log store shows them, a stats line came before its process's start)."""
+    from kvguard.staging import sink as sink_module
+    ticks = iter(float(n) for n in range(1000, 2000))
+    monkeypatch.setattr(sink_module.time, "time", lambda: next(ticks))
+    sink = JsonLinesSink(str(tmp_path / "k.jsonl"), every=1)
+    unsubscribe = kvguard.subscribe(sink)
+    a = LinkedFreeList(8)
+    g = kvguard.guard(a, LINKED_FREE_LIST_SPEC, on_violation="log")
+    a.free(a.allocate(2))
+    if violation:
+        with pytest.raises(ValueError):
+            a.free([0])
+    unsubscribe()
+    sink.close([g])
+    records = lines(tmp_path / "k.jsonl")
+    assert [r["event"] for r in records] == ["start"] + ["violation"] * violation + ["stats"]
+    times = [r["time"] for r in records]
+    assert times == sorted(times)
+
+
 def test_sink_stops_at_its_size_cap_and_still_writes_stats(tmp_path):
     sink = JsonLinesSink(str(tmp_path / "cap.jsonl"), every=1, max_bytes=1)
     unsubscribe = kvguard.subscribe(sink)

@@ -8,10 +8,14 @@ node and a `rewrites.Rewrite`; this module, the only one that imports libcst, pa
 the file with it, finds those nodes again by their spans and rewrites them there, so
 every comment, blank line and the file's encoding and newlines are kept. Fixes that
 nest are applied over several rounds, and a round that finds nothing to fix ends the
-loop, so a second `--fix` changes nothing.
+loop, so a second `--fix` changes nothing. A fixed line keeps its trailing comment where it was,
+and in line with the comments beside it (`align_comments`).
 """
 
 from __future__ import annotations
+
+import io
+import tokenize
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
@@ -111,8 +115,61 @@ def _build(rewrite, subject):
     raise ValueError(f"unknown rewrite {rewrite!r}")
 
 
+def _trailing_comments(text: str) -> dict | None:
+    """{line number: column} of each comment that follows code on its line; None when the
+    text does not tokenize or holds a tab before a comment (columns would not line up)."""
+    found = {}
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type == tokenize.COMMENT:
+                before = tok.line[: tok.start[1]]
+                if "\t" in before:
+                    return None
+                if before.strip():
+                    found[tok.start[0]] = tok.start[1]
+    except (tokenize.TokenError, SyntaxError, ValueError):
+        return None
+    return found
+
+
+def align_comments(old: bytes, new: bytes) -> bytes:
+    """``new`` (``old`` with expressions rewritten on the same lines) with each trailing
+    comment a rewrite moved put back in line: at its old column where the longer code leaves
+    room (two spaces at least), else the comments aligned with it on the lines around it move
+    together to the first column that fits them all."""
+    encoding = tokenize.detect_encoding(io.BytesIO(old).readline)[0]
+    try:
+        old_text, new_text = old.decode(encoding), new.decode(encoding)
+    except (UnicodeDecodeError, LookupError):
+        return new
+    before, after = _trailing_comments(old_text), _trailing_comments(new_text)
+    lines = new_text.splitlines(keepends=True)
+    if before is None or after is None or len(lines) != len(old_text.splitlines()):
+        return new
+    moved = [n for n, col in after.items() if before.get(n) not in (None, col)]
+    done: set = set()
+    for n in moved:
+        if n in done:
+            continue
+        col = before[n]
+        group = [n]  # the lines around it whose comments sat in the same column
+        for step in (-1, 1):
+            m = n + step
+            while before.get(m) == col and m in after:
+                group.append(m)
+                m += step
+        target = max([col] + [len(lines[m - 1][: after[m]].rstrip()) + 2 for m in group])
+        for m in group:
+            line = lines[m - 1]
+            code, comment = line[: after[m]].rstrip(), line[after[m]:]
+            lines[m - 1] = code + " " * (target - len(code)) + comment
+        done.update(group)
+    return "".join(lines).encode(encoding)
+
+
 def fix_source(source: bytes, config, index, select=None):
     """(new source, number of fixes) for one file's bytes."""
+    original = source
     applied = 0
     for _ in range(MAX_ROUNDS):
         module = engine.parse(source)
@@ -149,4 +206,6 @@ def fix_source(source: bytes, config, index, select=None):
             break
         source = new_source
         applied += len(replacements)
+    if applied:
+        source = align_comments(original, source)
     return source, applied

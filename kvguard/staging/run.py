@@ -13,6 +13,23 @@ from .config import MODES, STACKS, VARIABLES, config_from_env
 from .sink import names_directory
 
 
+DEFAULT_LOGS = "kvguard-logs"
+
+
+def ignored_by_git(directory: str) -> None:
+    """``kvguard-logs/``, made when it does not exist yet, with a ``.gitignore`` that ignores
+    all of it (as pytest's cache and kvguard lint's cache do), so that a run's logs are not
+    committed by accident. A directory named otherwise is the user's to decide about."""
+    if os.path.basename(directory) != DEFAULT_LOGS or os.path.isdir(directory):
+        return
+    try:
+        os.makedirs(directory)
+        with open(os.path.join(directory, ".gitignore"), "w", encoding="utf-8") as f:
+            f.write("# created by kvguard run\n*\n")
+    except OSError:  # the sink makes it at the first line, and says what stops it
+        pass
+
+
 def run_command(argv) -> int:
     """``kvguard run [options] -- COMMAND...``: run one command with staging on."""
     import signal
@@ -47,7 +64,7 @@ def run_command(argv) -> int:
     env = dict(os.environ)
     env["KVGUARD"] = "1"
     env["KVGUARD_RUN"] = run = f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}"
-    log = args.log or env.get("KVGUARD_LOG") or "kvguard-logs"
+    log = args.log or env.get("KVGUARD_LOG") or DEFAULT_LOGS
     if names_directory(log):
         log = os.path.join(log, "kvguard-{pid}.jsonl")
     env["KVGUARD_LOG"] = os.path.abspath(log)
@@ -69,6 +86,7 @@ def run_command(argv) -> int:
         config_from_env(env)
     except ValueError as exc:
         raise UsageError(f"kvguard run: error: {exc}") from None
+    ignored_by_git(os.path.dirname(env["KVGUARD_LOG"]))
     # A Ray cluster the command did not start runs its workers from its own raylets: Ray's
     # runtime-env hook gives every ray.init() of the command this run's settings for them.
     hook = "kvguard.ray.runtime_env_hook"

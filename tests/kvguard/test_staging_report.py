@@ -197,6 +197,23 @@ def test_run_sets_up_staging_for_one_command(tmp_path, staged_python):
     assert start["argv"][-2:] == ["serve.py", "3"]
 
 
+def test_the_default_log_directory_is_ignored_by_git_and_a_named_one_left_alone(
+        tmp_path, staged_python):
+    """``./kvguard-logs/`` is made with a ``.gitignore`` of its own (as kvguard lint's cache
+    is), so a run's logs are not committed by accident; ``kvguard report`` reads it as ever."""
+    (tmp_path / "serve.py").write_text(SERVE)
+    register = ["--register", "kvguard.examples.LinkedFreeList(size=_num_blocks)"]
+    out = cli("run", *register, "--", staged_python, "serve.py", "0", cwd=tmp_path,
+              env=staged_env())
+    assert out.returncode == 0, out.stderr
+    logs = tmp_path / "kvguard-logs"
+    assert (logs / ".gitignore").read_text().splitlines() == ["# created by kvguard run", "*"]
+    assert "1 violation(s)" in cli("report", str(logs)).stdout
+    cli("run", "--log", "logs", *register, "--", staged_python, "serve.py", "0", cwd=tmp_path,
+        env=staged_env())
+    assert [p.name for p in (tmp_path / "logs").iterdir() if not p.name.endswith(".jsonl")] == []
+
+
 def test_run_says_when_nothing_was_reported(tmp_path, staged_python):
     out = cli("run", "--log", str(tmp_path / "logs"), "--", staged_python, "-c", "pass",
               cwd=tmp_path, env=staged_env())

@@ -161,11 +161,12 @@ class Replay:
     def render(self) -> str:
         g = self.guard
         steps = self.steps
-        span = f"calls #{steps[0].first_call}..#{steps[-1].call}" if steps else "no calls"
+        kept = [s for s in steps if not s.reported]
+        span = f"calls #{kept[0].first_call}..#{kept[-1].call}" if kept else "no calls"
         lines = [f"kvguard replay: {g.get('name', '?')} ({g.get('class', '?')} at "
                  f"{g.get('address', '?')}), pid {self.pid}, {len(self.reports)} report(s) in "
                  f"{self.file}",
-                 f"{span}: {len(steps)} recorded operation(s) replayed against a model "
+                 f"{span}: {len(kept)} recorded operation(s) replayed against a model "
                  "allocator (ids first seen in the record are given the benefit of the doubt)",
                  ""]
         by_call: dict = {}
@@ -200,9 +201,9 @@ class Replay:
         lines.append("")
         first = self.first_wrong
         if first is not None and first.reported:
-            lines.append(f"state first went wrong at call #{first.call}: {first.op} at "
-                         f"{first.where()} (the reported call itself; no recorded window holds "
-                         "it, so its ids are the ones its report names)")
+            lines.append(f"the first bad call is #{first.call}: {first.op} at {first.where()} "
+                         "(a reported call no recorded window holds: its report names it, "
+                         "and the record does not show what the allocator did with it)")
             lines += [f"  {kind}: {message}" for kind, message in first.problems]
         elif first is not None:
             lines.append(f"state first went wrong at call #{first.call}: {first.op} "
@@ -298,36 +299,46 @@ def build(path: str, *, guard: str | None = None, pid: int | None = None,
                   others)
 
 
-HANDOUT_KINDS = frozenset({"shared-block", "write-after-free"})
-"""Kinds a report names on a hand-out (an allocation's result) rather than on a release."""
+CALL_KINDS = frozenset({"double-free", "duplicate-id", "bool-id", "tensor-id", "invalid-id",
+                        "foreign-id", "consumed-iterable", "shared-block", "stale-free",
+                        "free-in-flight"})
+"""Kinds reported on an allocator call, before it is recorded (a leak, a table, a count that
+disagrees, a cache written after free are found elsewhere, or after the call is recorded)."""
+
+NOT_CALLS = frozenset({"check", "check_tables", "assert_no_leaks"})
+"""Guard methods whose reports name no allocator call (``check_tables``' shared-block)."""
 
 
 def reported_calls(steps, reports, chosen) -> list:
     """The reported calls no recorded window holds, as steps of their own (with the report's
-    problems): a report's call is the one after its window (log and repair mode forward it,
-    and it is recorded after the report is drawn), so when throttled logging left it out of
-    every later window, only the report itself says where the state went wrong."""
+    problems). A report is drawn before its call is recorded: in log mode (or when the guard
+    stepped aside) the call then reaches the allocator as made and, taken, is the next one
+    numbered, the call after the report's window. When throttled logging left it out of
+    every later window, only the report itself says where the first bad call was (whether
+    the allocator took it, the record cannot show: one it refused is numbered by no one)."""
     recorded = set()
     for s in steps:
         recorded.update(range(s.first_call, s.call + 1))
     out: dict = {}
     for (after, violation), rec in zip(reports, chosen):
-        mode = (rec.get("guard") or {}).get("mode")
-        forwarded = mode in ("log", "repair") or (violation.get("extra") or {}).get(
-            "stepped_aside")
+        forwarded = (rec.get("guard") or {}).get("mode") == "log" or \
+            (violation.get("extra") or {}).get("stepped_aside")
+        kind = violation.get("kind")
+        method = violation.get("method") or ""
         call = after + 1
-        if not after or not forwarded or call in recorded:
+        if not after or not forwarded or call in recorded or kind not in CALL_KINDS or \
+                method in NOT_CALLS:
             continue
         if call not in out:
             frames = violation.get("call_stack") or []
-            kind = violation.get("kind")
-            method = violation.get("method") or ""
             op = method if method in ("allocate", "free", "share") else \
-                "allocate" if kind in HANDOUT_KINDS else "free"
-            ids = [b for b in violation.get("block_ids") or () if type(b) is int]
-            out[call] = Step(call, op, ids, violation.get("pool"),
-                             frames[0] if frames else None, reported=True)
-        out[call].problems.append((violation.get("kind"), violation.get("message", "")))
+                "allocate" if kind == "shared-block" else "free"
+            out[call] = Step(call, op, [], violation.get("pool"), frames[0] if frames else None,
+                             reported=True)
+        step = out[call]
+        step.ids += [b for b in violation.get("block_ids") or ()
+                     if type(b) is int and b not in step.ids]
+        step.problems.append((kind, violation.get("message", "")))
     return list(out.values())
 
 

@@ -153,13 +153,19 @@ def suggest(cls) -> tuple:
                 break
     read = set().union(*(attributes_read(body(f)) for f in funcs.values()))
     refcount_attr = first(REFCOUNT_ATTRS, read)
-    id_attr = first(ID_ATTRS, read)
+    id_attr = first(ID_ATTRS, read) or (id_path(free_fn, ids_param) if ids_param else None)
     if id_attr:
         kw["id_attr"] = id_attr
+    if ids_param and "Iterable[" in annotation(free_fn, ids_param) and \
+            _reads(free_fn, ids_param) == 1:
+        kw["iterator_ok"] = True  # free(blocks: Iterable[...]), iterated once: an iterator
     tables = _subscripted_tables(funcs)
     refcounts = first(REFCOUNT_ATTRS, tables)
     if refcounts:
         kw["refcounts"] = refcount_attr = refcounts
+    elif refcount_attr and not any(_increments(body(f), decrements=True)
+                                   for f in funcs.values() if body(f) is not None):
+        refcount_attr = None  # a count set on hand-out, kept by others: not the pool's
     if share or refcount_attr:
         kw["refcounted"] = True
         if alloc_fn is not None and _increments(alloc_fn) and any(
@@ -203,10 +209,41 @@ def _subscripted_tables(funcs) -> set:
     return out
 
 
-def _increments(fn) -> bool:
-    """A ``+= 1`` on a reference count (``self.refs[b] += 1``, ``block.ref_cnt += 1``)."""
+ID_ENDS = ID_ATTRS + ("address", "page_idx", "idx", "index")
+
+
+def id_path(fn, param):
+    """``param.a.b`` read in ``fn`` whose last name is an id's (LMCache's ``obj.meta.address``),
+    or None."""
+    for node in ast.walk(fn) if fn is not None else ():
+        if isinstance(node, ast.Attribute) and node.attr in ID_ENDS:
+            path = _path_of(node, param)
+            if path:
+                return path
+    return None
+
+
+def _reads(fn, param) -> int:
+    """How many times ``fn``'s body reads ``param`` (a loop over it, a call taking it): one
+    read only takes a one-shot iterator (DeepSpeed's free validates, then frees: two)."""
+    return sum(isinstance(n, ast.Name) and n.id == param and isinstance(n.ctx, ast.Load)
+               for n in ast.walk(fn))
+
+
+def annotation(fn, param) -> str:
+    """The annotation of ``param`` in ``fn``'s signature, as written ('' when none)."""
+    for a in (fn.args.args + fn.args.kwonlyargs) if fn is not None else ():
+        if a.arg == param and a.annotation is not None:
+            return ast.unparse(a.annotation)
+    return ""
+
+
+def _increments(fn, decrements: bool = False) -> bool:
+    """A ``+= 1`` on a reference count (``self.refs[b] += 1``, ``block.ref_cnt += 1``); with
+    ``decrements``, a ``-= 1`` too."""
+    ops = (ast.Add, ast.Sub) if decrements else (ast.Add,)
     for n in ast.walk(fn):
-        if isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Add):
+        if isinstance(n, ast.AugAssign) and isinstance(n.op, ops):
             text = ast.unparse(n.target)
             if any(a in text for a in REFCOUNT_ATTRS):
                 return True

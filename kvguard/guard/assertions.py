@@ -148,14 +148,17 @@ class Assertions:
             return list(self._leases)
 
     def snapshot(self) -> dict:
-        """The counters (``stats.to_dict()``) plus ``blocks_live`` and ``seeded`` (ids made live
-        at attach from the spec's ``live_ids``), for readers on other threads such as a metrics
+        """The counters (``stats.to_dict()``) plus ``blocks_live``, ``seeded`` (ids made live
+        at attach from the spec's ``live_ids``), ``steps_in_flight`` (open leases) and
+        ``blocks_leased`` (blocks they cover), for readers on other threads such as a metrics
         scrape. The guard's lock is held for the counters' copy alone: the ledgers are counted
         after it from copies of their columns, so the allocator never waits for a scan."""
         self.verify()
         with self.lock:
             figures = self.stats.to_dict()
+        figures["steps_in_flight"] = len(self._leases)  # one read of a dict's size
         ledgers = list(self._ledgers.values())
+        figures["blocks_leased"] = sum(len(ledger.leased) for ledger in ledgers)
         adopted = sum(ledger.adopted for ledger in ledgers)
         figures["blocks_live"] = sum(ledger.count_live() for ledger in ledgers)
         figures["seeded"] = max(adopted - figures["learned"], 0)

@@ -123,10 +123,27 @@ class ModelAllocator:
 
 
 def _short(violation: dict) -> str:
-    """A report in a few words: its kind and blocks (the rest is in the file)."""
+    """A report in a few words: its kind and blocks, who the call was for and who holds the
+    blocks, the steps in flight that use them (the rest is in the file)."""
     ids = violation.get("block_ids") or []
     shown = f" of {_ids(ids)}" if ids else ""
-    return f"{violation.get('kind')}{shown}"
+    return f"{violation.get('kind')}{shown}{_holders(violation)}"
+
+
+def _holders(violation: dict) -> str:
+    """``", a call for 'R'; held by 'Q'; in flight in step(s) [41]"``: the request the violating
+    call was made for, the holders of its blocks, and the leases that cover them."""
+    parts = []
+    if violation.get("holder") is not None:
+        parts.append(f"a call for {violation['holder']!r}")
+    held = list(dict.fromkeys(repr(b["holder"]) for b in violation.get("blocks") or ()
+                              if isinstance(b, dict) and b.get("holder") is not None))
+    if held:
+        parts.append(f"held by {', '.join(held)}")
+    steps = (violation.get("extra") or {}).get("in_flight_steps")
+    if steps:  # a list, or its text where the record kept it as one
+        parts.append(f"in flight in step(s) {steps if isinstance(steps, str) else list(steps)}")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def _ids(ids) -> str:
@@ -155,8 +172,17 @@ class Replay:
                 "steps": [s.to_dict() for s in self.steps],
                 "reports": [{"after_call": c, "kind": v["kind"],
                              "block_ids": v.get("block_ids", []),
+                             "holder": v.get("holder"),
+                             "block_holders": {str(b["id"]): b.get("holder")
+                                               for b in v.get("blocks") or ()
+                                               if isinstance(b, dict) and "id" in b},
+                             "in_flight_steps": (v.get("extra") or {}).get("in_flight_steps"),
                              "summary": v.get("summary", "")} for c, v in self.reports],
                 "first_wrong": first.to_dict() if first else None}
+
+    def headline(self) -> str:
+        """The first report in a few words, holders and leases included."""
+        return _short(self.reports[0][1]) if self.reports else ""
 
     def render(self) -> str:
         g = self.guard

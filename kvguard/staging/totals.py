@@ -31,7 +31,9 @@ def _figures_to_samples(identity, figures) -> tuple:
     for kind in (*kinds.MEANING, *figures["violations"]):
         counters[("kvguard_violations", (cls, kind))] = figures["violations"].get(kind, 0)
     gauges = {("kvguard_blocks_live", (cls,)): figures.get("blocks_live", 0),
-              ("kvguard_guards", (cls,)): 1}
+              ("kvguard_guards", (cls,)): 1,
+              ("kvguard_steps_in_flight", (cls,)): figures.get("steps_in_flight", 0),
+              ("kvguard_blocks_leased", (cls,)): figures.get("blocks_leased", 0)}
     return counters, gauges
 
 

@@ -56,7 +56,7 @@ def parse(text, cls=CLS) -> dict:
     return out
 
 
-def expected(stats: dict, live: int, guards=1, cls=CLS, gauges=True) -> dict:
+def expected(stats: dict, live: int, guards=1, cls=CLS, gauges=True, steps=0, leased=0) -> dict:
     """What the scrape must say, from ``Guard.stats`` (and the live block count); ``gauges``:
     whether the gauges are there at all (a class no longer guarded in this process has none)."""
     a = {"allocator": cls}
@@ -72,6 +72,8 @@ def expected(stats: dict, live: int, guards=1, cls=CLS, gauges=True) -> dict:
     if gauges:
         out[("kvguard_blocks_live", frozenset(a.items()))] = float(live)
         out[("kvguard_guards", frozenset(a.items()))] = float(guards)
+        out[("kvguard_steps_in_flight", frozenset(a.items()))] = float(steps)
+        out[("kvguard_blocks_leased", frozenset(a.items()))] = float(leased)
     return out
 
 
@@ -136,6 +138,30 @@ def test_counters_survive_their_guard_and_gauges_follow_the_guards():
     gc.collect()  # collected: its counts are kept, never a counter going down
     after = parse(prometheus_client.generate_latest(registry_).decode())
     assert after == expected(stats, live, gauges=False)
+
+
+def test_stale_frees_are_counted_by_kind_and_the_steps_in_flight_are_gauged():
+    collector = metrics.Collector()
+    registry_ = prometheus_client.CollectorRegistry()
+    registry_.register(collector)
+    pool = MetricsPool(16)
+    g = kvguard.guard(pool, LINKED_FREE_LIST_SPEC, on_violation="repair")
+    with kvguard.owner("R"):
+        mine = pool.allocate(2)
+        pool.free(mine)
+    with kvguard.owner("Q"):
+        theirs = pool.allocate(3)
+    with kvguard.owner("R"):
+        pool.free(mine)                      # stale: Q holds them (repair keeps them Q's)
+    g.begin_step(7, theirs[:2], request="Q")
+    g.begin_step(8, theirs, request="Q")     # two steps in flight over three blocks
+    stats = g.stats.to_dict()
+    assert stats["violations"] == {"stale-free": 1}
+    scraped = parse(prometheus_client.generate_latest(registry_).decode())
+    assert scraped == expected(stats, live=3, steps=2, leased=3)
+    g.end_step(7)
+    g.end_step(8)
+    assert parse(prometheus_client.generate_latest(registry_).decode()) == expected(stats, 3)
 
 
 def test_a_bad_interval_is_a_bad_setting():

@@ -256,3 +256,34 @@ def test_replay_mistakes_are_one_line(tmp_path, monkeypatch, setup, args, messag
     out = cli(*args)
     assert out.returncode == 2
     assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def stale_after_reuse(a):
+    with kvguard.owner("req-R"):
+        mine = a.allocate(2)      # call #2
+        a.free(mine)              # call #3: R finishes
+    with kvguard.owner("req-Q"):
+        a.allocate(2)             # call #4: Q is handed the same blocks
+    with kvguard.owner("req-R"):
+        a.free(mine)              # call #5: a late free on R's behalf (forwarded: log mode)
+
+
+def test_replay_names_the_holder_of_the_call_and_of_its_blocks(tmp_path):
+    result = build(str(recorded(tmp_path, stale_after_reuse)))
+    text = result.render()
+    assert ("the guard reported on the next free() call: stale-free of blocks [0, 1] "
+            "(a call for 'req-R'; held by 'req-Q')") in text
+    (report,) = result.to_dict()["reports"]
+    assert report["holder"] == "req-R" and set(report["block_holders"].values()) == {"req-Q"}
+
+
+def test_replay_names_the_steps_in_flight_of_a_free_in_flight(tmp_path):
+    def script(a):
+        g = kvguard.guard_of(a)
+        blocks = a.allocate(2)
+        g.begin_step(41, blocks, request="req-R")
+        a.free(blocks)
+        a.allocate(1)             # handed out again while step 41 is in flight
+    result = build(str(recorded(tmp_path, script)))
+    assert "free-in-flight of block 1 (in flight in step(s) ['41'])" in result.render()
+    assert "41" in str(result.to_dict()["reports"][0]["in_flight_steps"])

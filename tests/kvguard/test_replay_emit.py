@@ -126,3 +126,12 @@ def test_emit_test_mistakes_are_one_line(tmp_path, capsys):
     assert "no built-in factory" in capsys.readouterr().err
     assert main(["replay", str(path), "--emit-test", "--trust", "--factory", "cls(8)"]) == 2
     assert "size= or free_count=" in capsys.readouterr().err
+
+
+def test_a_stale_free_gives_no_test_and_says_who_holds_the_blocks(tmp_path, capsys):
+    from .test_replay import stale_after_reuse
+    code, out, err = emitted(capsys, recorded(tmp_path, stale_after_reuse))
+    error = err.splitlines()[-1]
+    assert code == 2 and out == ""
+    assert ("the guard reported stale-free of blocks [0, 1] (a call for 'req-R'; held by "
+            "'req-Q')") in error and "are the engine's to know" in error

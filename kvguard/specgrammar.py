@@ -293,3 +293,58 @@ def format_entry(name: str, spec) -> tuple:
         else:
             parts.append(f"{key}={text}")
     return f"{name}({', '.join(parts)})", unwritable
+
+
+# --- callables with arguments (kvguard fuzz --factory, --lifecycle, --driver) ------------------
+
+_CALL = re.compile(r"\s*([A-Za-z_][\w.]*):([A-Za-z_][\w.]*)\s*(?:\((.*)\))?\s*$", re.S)
+
+
+def parse_call(text: str):
+    """``pkg.mod:function`` or ``pkg.mod:function(k=v, ...)`` -> ``(LazyRef, keywords)``, the
+    values read as the spec language reads them (whole numbers, true/false/none, quoted
+    strings, lists, ``pkg.mod:function``); None when ``text`` is not of that form. Imports
+    nothing."""
+    m = _CALL.match(text)
+    if m is None:
+        return None
+    module, attr, args = m.groups()
+    kw = {}
+    for piece in _split(args or "", ","):
+        key, eq, raw = piece.partition("=")
+        key = key.strip()
+        if not eq or not key.isidentifier() or not raw.strip():
+            raise SpecSyntaxError(f"cannot read {piece!r} in {text.strip()!r}: expected "
+                                  "keyword=value")
+        if key in kw:
+            raise SpecSyntaxError(f"{key} given twice in {text.strip()!r}")
+        kw[key] = literal(raw)
+    return LazyRef(module, attr), kw
+
+
+def literal(raw: str):
+    """One argument's value in the spec language, whatever its keyword."""
+    text, quoted = _unquote(raw.strip())
+    if quoted:
+        return text
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low == "none":
+        return None
+    if re.fullmatch(r"-?\d+", text):
+        return int(text)
+    if text.startswith("[") and text.endswith("]"):
+        return [literal(p) for p in _split(text[1:-1], ",")]
+    m = _REF.match(text)
+    return LazyRef(*m.groups()) if m is not None else text
+
+
+def call_source(ref, kw, *first: str) -> str:
+    """Python source that makes the call ``parse_call`` read, importing its module inline
+    (an emitted regression test stays standalone)."""
+    module, _, head = str(ref).partition(":")
+    args = list(first) + [f"{k}={v!r}" if not isinstance(v, LazyRef) else
+                          f"{k}=__import__({v.module!r}, fromlist=['_']).{v.attr}"
+                          for k, v in kw.items()]
+    return f"__import__({module!r}, fromlist=['_']).{head}({', '.join(args)})"

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..registry import spec_for
-from ..spec import AllocatorSpec, misfit
+from ..spec import AllocatorSpec, SpecSyntaxError, misfit
 from .clauses import CLAUSES, Driver
 
 
@@ -219,7 +219,16 @@ def target_for(cls: type, factory: str | None = None, spec: AllocatorSpec | None
     explicit ``factory`` expression or ``spec``."""
     name = f"{cls.__module__}.{cls.__qualname__}"
     target = TARGETS.get(name)
-    if factory is not None:
+    from ..specgrammar import call_source, parse_call
+    called = parse_call(factory) if factory is not None else None
+    if called is not None:  # pkg.mod:function or pkg.mod:function(k=v, ...): function(cls, k=v)
+        ref, kw = called
+
+        def make():
+            return ref(cls, **kw)
+        source = call_source(ref, kw, cls.__name__)
+        driver = target.driver if target else None
+    elif factory is not None:
         code = compile(factory, "--factory", "eval")
 
         def make():
@@ -255,6 +264,8 @@ def fuzz_command(argv) -> int:
     spec = spec_option(args.spec, "fuzz", f"{cls.__module__}.{cls.__qualname__}")
     try:
         make, spec, driver, source = target_for(cls, args.factory, spec)
+    except SpecSyntaxError as exc:
+        raise UsageError(f"kvguard fuzz: error: --factory: {exc}") from None
     except SyntaxError as exc:
         raise UsageError(f"kvguard fuzz: error: --factory: {exc.msg}") from None
     except ValueError as exc:
@@ -266,6 +277,8 @@ def fuzz_command(argv) -> int:
         make()
     except SyntaxError as exc:
         raise UsageError(f"kvguard fuzz: error: --factory: {exc.msg}") from None
+    except (ImportError, AttributeError) as exc:
+        raise UsageError(f"kvguard fuzz: error: --factory {args.factory}: {exc}") from None
     except Exception as exc:
         raise UsageError(f"kvguard fuzz: error: cannot build a {cls.__name__}: {exc!r}") \
             from None
@@ -318,7 +331,9 @@ def _parser():
         f"{', '.join(TARGETS)}."))
     parser.add_argument("name", metavar="DOTTED.NAME", help="the allocator class, "
                         "package.module.Class")
-    parser.add_argument("--factory", metavar="EXPR", help="a Python expression that builds a "
+    parser.add_argument("--factory", metavar="EXPR", help="pkg.mod:function or "
+                        "pkg.mod:function(k=v, ...), called with the class and those keywords "
+                        "(the spec language's values), or a Python expression that builds a "
                         "small pool, with the class bound to `cls` (e.g. 'cls(16)'); default: "
                         "the built-in factory for the engines' allocators")
     parser.add_argument("--spec", metavar="SPEC", help="how to read it: a kvguard."

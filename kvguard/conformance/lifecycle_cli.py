@@ -43,6 +43,46 @@ def _hf(config: str):
 ENGINES = {"vllm": (_vllm, "full-async"), "hf": (_hf, "sync"), "example": (_example, "fixed")}
 
 
+def _engine(args):
+    """``(make_engine, driver class)``: a built-in engine by name, or the user's own
+    (``--lifecycle pkg.mod:make_engine(k=v)`` with ``--driver pkg.mod:Driver``), in the spec
+    language; a mistake is a ``ValueError`` (one line)."""
+    from ..specgrammar import parse_call
+    if args.lifecycle in ENGINES and args.driver is None:
+        build, default = ENGINES[args.lifecycle]
+        return build(args.config or default)
+    called = parse_call(args.lifecycle)
+    if called is None:
+        raise ValueError(f"--lifecycle {args.lifecycle!r}: an engine ({', '.join(sorted(ENGINES))}"
+                         ") or a factory pkg.mod:make_engine(k=v, ...)")
+    if args.driver is None:
+        raise ValueError(f"--lifecycle {args.lifecycle}: your own engine needs --driver "
+                         "pkg.mod:Driver (a kvguard.testing.LifecycleDriver subclass)")
+    ref, kw = called
+    driver_ref = parse_call(args.driver)
+    if driver_ref is None or driver_ref[1]:
+        raise ValueError(f"--driver {args.driver!r}: name the class as pkg.mod:Driver")
+    try:
+        driver = driver_ref[0].resolve()
+    except TypeError:
+        raise ValueError(f"--driver {args.driver}: not a class") from None
+    from .lifecycle import LifecycleDriver
+    if not (isinstance(driver, type) and issubclass(driver, LifecycleDriver)):
+        raise ValueError(f"--driver {args.driver}: not a kvguard.testing.LifecycleDriver "
+                         "subclass")
+
+    def make():
+        return ref(**kw)
+    try:
+        make()  # a factory that cannot build an engine fails here, in one line
+    except (ImportError, AttributeError):
+        raise
+    except Exception as exc:
+        raise ValueError(f"--lifecycle {args.lifecycle}: cannot build an engine: "
+                         f"{exc!r}") from None
+    return make, driver
+
+
 def lifecycle_command(argv) -> int:
     from ..cli import Parser, UsageError
     parser = Parser(prog="kvguard fuzz --lifecycle", description=(
@@ -50,8 +90,12 @@ def lifecycle_command(argv) -> int:
         "reset the prefix cache) on its real scheduler, with kvguard's invariants checked "
         "after every event; report the shortest event sequence that breaks one, with a "
         "standalone regression test."))
-    parser.add_argument("--lifecycle", required=True, choices=sorted(ENGINES), metavar="ENGINE",
-                        help=f"the engine: {', '.join(sorted(ENGINES))}")
+    parser.add_argument("--lifecycle", required=True, metavar="ENGINE",
+                        help=f"the engine: {', '.join(sorted(ENGINES))}, or your own: "
+                        "pkg.mod:make_engine or pkg.mod:make_engine(k=v, ...), called with "
+                        "those keywords for a fresh engine (with --driver)")
+    parser.add_argument("--driver", default=None, metavar="pkg.mod:Driver",
+                        help="your engine's kvguard.testing.LifecycleDriver subclass")
     parser.add_argument("--config", default=None, metavar="NAME",
                         help="the engine's configuration (vllm: full, full-async, prefix, "
                         "prefix-async, swa-async, chunked-local-async, hybrid-async, "
@@ -69,12 +113,11 @@ def lifecycle_command(argv) -> int:
     args = parser.parse_args(argv)
     if args.examples < 1 or args.steps < 1:
         raise UsageError("kvguard fuzz: error: --examples and --steps must be at least 1")
-    build, default = ENGINES[args.lifecycle]
     try:
-        make, driver = build(args.config or default)
+        make, driver = _engine(args)
     except ValueError as exc:
         raise UsageError(f"kvguard fuzz: error: {exc}") from None
-    except (ImportError, FileNotFoundError) as exc:
+    except (ImportError, FileNotFoundError, AttributeError) as exc:
         raise UsageError(f"kvguard fuzz: error: cannot build the {args.lifecycle} engine: "
                          f"{exc}") from None
     from .lifecycle_check import check_lifecycle

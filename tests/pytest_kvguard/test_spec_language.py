@@ -145,3 +145,71 @@ def test_a_class_that_fits_nothing_imported_inside_a_test_fails_the_run_in_the_s
     result.stdout.fnmatch_lines(["kvguard: configuration error: kvg_fit_pool.Pool has no "
                                  "method 'release' (AllocatorSpec free='release')*unguarded*"])
     assert "no violations" not in result.stdout.str()
+
+
+SEQ_MANAGER = """
+    class Seq:
+        def __init__(self, n, prefix=None, shared=0):
+            self.n, self.prefix, self.shared, self.block_table = n, prefix, shared, []
+
+
+    class Manager:
+        def __init__(self, n):
+            self.n, self.ref_counts, self.free_ids = n, [0] * n, list(range(n))
+
+        def allocate(self, seq):
+            if seq.prefix is not None:
+                for b in seq.prefix.block_table[:seq.shared]:
+                    self.ref_counts[b] += 1
+                    seq.block_table.append(b)
+            while len(seq.block_table) < seq.n:
+                b = self.free_ids.pop(0)
+                self.ref_counts[b] = 1
+                seq.block_table.append(b)
+
+        def deallocate(self, seq):
+            for b in seq.block_table:
+                self.ref_counts[b] -= 1
+                if self.ref_counts[b] == 0:
+                    self.free_ids.append(b)
+            seq.block_table = []
+"""
+
+
+@pytest.mark.parametrize("mode", ["raise", "log"])
+def test_a_shape_in_the_spec_language_under_the_plugin(pytester, mode):
+    """Ids carried in the sequence and an allocation that also shares, from the ini line: the
+    correct workload passes, the planted double free fails its test with the report."""
+    pytester.makepyfile(kvg_seq_manager=SEQ_MANAGER)
+    pytester.makeini("""
+        [pytest]
+        kvguard_allocators =
+            kvg_seq_manager.Manager(alloc=allocate(seq.block_table), free=deallocate(seq.block_table), refcounted=true, alloc_shares=true, refcounts=ref_counts, size=n)
+    """)
+    write(pytester, """
+        from kvg_seq_manager import Manager, Seq
+
+        def test_correct():
+            m = Manager(8)
+            a = Seq(3)
+            m.allocate(a)
+            b = Seq(4, prefix=a, shared=2)
+            m.allocate(b)
+            m.deallocate(a)
+            m.deallocate(b)
+
+        def test_double_free():
+            m = Manager(8)
+            d = Seq(2)
+            m.allocate(d)
+            table = list(d.block_table)
+            m.deallocate(d)
+            d.block_table = table
+            try:
+                m.deallocate(d)
+            except Exception:
+                pass
+    """)
+    result = pytester.runpytest("-p", "kvguard", "--kvguard-mode", mode)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*ERROR: kvguard: double-free of blocks [[]0, 1] on Manager#*"])

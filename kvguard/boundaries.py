@@ -25,6 +25,8 @@ from .owners import holding
 _declared: dict[str, dict] = {}  # dotted class name -> {method: (role, reader)}
 _installed: dict[tuple, object] = {}  # (class, method) -> the function it had
 _classes: dict[str, type] = {}  # declared with the class object itself
+_functions: dict[str, object] = {}  # dotted function name -> make(original) -> replacement
+_rebound: dict[tuple, tuple] = {}  # (module name, attribute) -> (original, replacement)
 _lock = threading.RLock()
 
 
@@ -47,6 +49,32 @@ def declare(cls_or_name, **methods) -> None:
             table[method] = reader if isinstance(reader, tuple) else ("holder", reader)
         if _active:
             install_if_imported(name)
+
+
+def declare_function(dotted: str, make) -> None:
+    """Declare a module-level function as a boundary (SGLang's ``release_kv_cache(req, ...)``):
+    ``make(original)`` returns its replacement. Installed like a method: in its module, and in
+    every module imported so far that took the function itself by name (``from m import f``);
+    a module importing it later gets the replacement."""
+    with _lock:
+        _functions[dotted] = make
+        if _active:
+            install_function(dotted)
+
+
+def install_function(dotted: str) -> None:
+    module_name, _, attr = dotted.rpartition(".")
+    module = sys.modules.get(module_name)
+    original = vars(module).get(attr) if module is not None else None
+    if not callable(original) or (module_name, attr) in _rebound:
+        return
+    replacement = _functions[dotted](original)
+    replacement.__kvguard_boundary__ = True
+    for name, other in list(sys.modules.items()):
+        namespace = getattr(other, "__dict__", None)
+        if isinstance(namespace, dict) and namespace.get(attr) is original:
+            namespace[attr] = replacement
+            _rebound[(name, attr)] = (original, replacement)
 
 
 def request_arg(position: int, name: str = "request", attr: str = "request_id"):
@@ -73,6 +101,8 @@ def instrument() -> None:
         _active = True
         for name in list(_declared):
             install_if_imported(name)
+        for dotted in list(_functions):
+            install_function(dotted)
 
 
 def uninstrument() -> None:
@@ -82,12 +112,17 @@ def uninstrument() -> None:
         for (cls, method), original in list(_installed.items()):
             setattr(cls, method, original)
         _installed.clear()
+        for (name, attr), (original, replacement) in list(_rebound.items()):
+            namespace = getattr(sys.modules.get(name), "__dict__", None)
+            if isinstance(namespace, dict) and namespace.get(attr) is replacement:
+                namespace[attr] = original
+        _rebound.clear()
 
 
 def modules() -> set:
     """The modules whose import installs a boundary (for the registry's import hook)."""
     with _lock:
-        return {name.rpartition(".")[0] for name in _declared}
+        return {name.rpartition(".")[0] for name in (*_declared, *_functions)}
 
 
 def on_import(module: str) -> None:
@@ -97,6 +132,9 @@ def on_import(module: str) -> None:
         for name in list(_declared):
             if name.rpartition(".")[0] == module:
                 install_if_imported(name)
+        for dotted in list(_functions):
+            if dotted.rpartition(".")[0] == module:
+                install_function(dotted)
 
 
 def install_if_imported(name: str) -> None:

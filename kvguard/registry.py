@@ -57,11 +57,13 @@ def _load_builtins() -> None:
     if _builtins_loaded:
         return
     _builtins_loaded = True
-    from .adapters import BUILTIN_BOUNDARIES, BUILTIN_SPECS
+    from .adapters import BUILTIN_BOUNDARIES, BUILTIN_FUNCTION_BOUNDARIES, BUILTIN_SPECS
     for name, spec in BUILTIN_SPECS.items():
         _specs.setdefault(name, spec)
     for name, methods in BUILTIN_BOUNDARIES.items():
         boundaries.declare(name, **methods)
+    for name, make in BUILTIN_FUNCTION_BOUNDARIES.items():
+        boundaries.declare_function(name, make)
 
 
 def register(cls_or_name, spec: AllocatorSpec) -> None:

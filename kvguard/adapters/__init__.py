@@ -14,6 +14,7 @@ from .huggingface import BOUNDARIES as _HUGGINGFACE_BOUNDARIES
 from .huggingface import SPECS as _HUGGINGFACE
 from .lmcache import SPECS as _LMCACHE
 from .sglang import BOUNDARIES as _SGLANG_BOUNDARIES
+from .sglang import FUNCTION_BOUNDARIES as _SGLANG_FUNCTIONS
 from .sglang import SPECS as _SGLANG
 from .vllm import BOUNDARIES as _VLLM_BOUNDARIES
 from .vllm import SPECS as _VLLM
@@ -23,3 +24,6 @@ BUILTIN_SPECS = {**_DEEPSPEED, **_VLLM, **_SGLANG, **_HUGGINGFACE, **_LMCACHE}
 BUILTIN_BOUNDARIES = {**_DEEPSPEED_BOUNDARIES, **_VLLM_BOUNDARIES, **_HUGGINGFACE_BOUNDARIES,
                       **_SGLANG_BOUNDARIES}
 """The engines' request and step boundaries (``kvguard.boundaries``), by dotted class name."""
+
+BUILTIN_FUNCTION_BOUNDARIES = {**_SGLANG_FUNCTIONS}
+"""Module-level functions that act for one request (``kvguard.boundaries.declare_function``)."""

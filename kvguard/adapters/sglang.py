@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 
 from ..marks import guard_of
+from ..owners import holding
 from ..spec import AllocatorSpec
 from .methods import adapter, allocating, checking, resetting, resizing, settled
 
@@ -156,3 +157,101 @@ def _request_rid(args, kwargs):
 BOUNDARIES = {
     REQ_TO_TOKEN_POOL: {"alloc": ("around", _rows_held), "free": _request_rid},
 }
+
+
+# --- the token allocator's holders (module-level functions of SGLang's scheduler) -------------
+#
+# Token slots (pages, for the paged allocator) are handed out for a whole batch at once, by
+# ``alloc_for_extend(batch)`` and ``alloc_for_decode(batch, token_per_req)`` in
+# ``sglang.srt.mem_cache.allocation``, and given back per request by ``release_kv_cache(req,
+# tree_cache, ...)`` in ``sglang.srt.mem_cache.common``: the scheduler's finish, abort and
+# retract paths all go through it. So after a batch allocation each request holds the slots
+# written for it (in batch order, ``extend_lens`` or ``token_per_req`` each), and
+# ``release_kv_cache`` runs as ``req.rid``; what the request still held afterwards (the prefix
+# the radix tree kept, locked or cached) is no longer its. A late release on behalf of a request
+# whose slots another request was handed meanwhile (an abort that freed them while its batch was
+# in flight) is then a ``stale-free``.
+
+ALLOCATION = "sglang.srt.mem_cache.allocation"
+COMMON = "sglang.srt.mem_cache.common"
+
+
+def _slot_guard(tree_cache):
+    allocator = getattr(tree_cache, "token_to_kv_pool_allocator", None)
+    return (guard_of(allocator), allocator) if allocator is not None else (None, None)
+
+
+def _ledger_ids(allocator, slots: list) -> list:
+    """Slots as the guard counts them: pages for a paged allocator, slots otherwise."""
+    page = getattr(allocator, "page_size", 1) or 1
+    return slots if page == 1 else list(dict.fromkeys(s // page for s in slots))
+
+
+def _holds_what_it_was_given(lengths_of):
+    def make(original):
+        @functools.wraps(original)
+        def allocates_for_batch(batch, *args, **kwargs):
+            result = original(batch, *args, **kwargs)
+            out = result[0] if isinstance(result, tuple) else result
+            guard, allocator = _slot_guard(getattr(batch, "tree_cache", None))
+            reqs = getattr(batch, "reqs", None)
+            if guard is None or out is None or not reqs:
+                return result
+            slots = out.reshape(-1).tolist()
+            lengths = lengths_of(batch, reqs, args, kwargs)
+            if lengths is None or sum(lengths) != len(slots):
+                return result  # a shape this reading does not know: no holders
+            start = 0
+            for req, n in zip(reqs, lengths):
+                rid = getattr(req, "rid", None)
+                if rid is not None and n:
+                    guard.add_holder(_ledger_ids(allocator, slots[start:start + n]), rid)
+                start += n
+            return result
+        return allocates_for_batch
+    return make
+
+
+def _extend_lengths(batch, reqs, args, kwargs):
+    lengths = getattr(batch, "extend_lens", None)
+    return list(lengths) if lengths is not None and len(lengths) == len(reqs) else None
+
+
+def _decode_lengths(batch, reqs, args, kwargs):
+    per_req = args[0] if args else kwargs.get("token_per_req")
+    return [per_req] * len(reqs) if isinstance(per_req, int) else None
+
+
+def _row_slots(req, tree_cache) -> list:
+    """The slots of the request's row, up to what it allocated: what it holds."""
+    kv = getattr(req, "kv", None)
+    row = getattr(kv, "req_pool_idx", None)
+    n = getattr(kv, "kv_allocated_len", 0) or 0
+    pool = getattr(tree_cache, "req_to_token_pool", None)
+    if row is None or not n or pool is None:
+        return []
+    return pool.req_to_token[row, :n].tolist()
+
+
+def _releases_as_request(original):
+    @functools.wraps(original)
+    def release_kv_cache(req, tree_cache, *args, **kwargs):
+        rid = getattr(req, "rid", None)
+        guard, allocator = _slot_guard(tree_cache)
+        if rid is None or guard is None:
+            return original(req, tree_cache, *args, **kwargs)
+        held = _ledger_ids(allocator, _row_slots(req, tree_cache))
+        with holding(rid):
+            result = original(req, tree_cache, *args, **kwargs)
+        if held:  # what the tree kept (a cached or locked prefix) is no longer the request's
+            guard.drop_holder(held, rid)
+        return result
+    return release_kv_cache
+
+
+FUNCTION_BOUNDARIES = {
+    f"{ALLOCATION}.alloc_for_extend": _holds_what_it_was_given(_extend_lengths),
+    f"{ALLOCATION}.alloc_for_decode": _holds_what_it_was_given(_decode_lengths),
+    f"{COMMON}.release_kv_cache": _releases_as_request,
+}
+"""SGLang's module-level functions that act for requests (``kvguard.boundaries``)."""

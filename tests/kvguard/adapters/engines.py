@@ -147,6 +147,21 @@ class Modules:
         exec(compile(code, str(path), "exec", flags=flags, dont_inherit=True), module.__dict__)
         return getattr(module, name)
 
+    def load_functions(self, package: Path, inner: str, dotted: str, names, **namespace):
+        """Execute only the functions ``names`` of ``inner`` (whose other imports cannot load
+        here) in a module ``dotted`` prefilled with ``namespace``, at their own line numbers."""
+        path = source(package, inner)
+        text = path.read_text()
+        module = self.stub(dotted, **namespace)
+        module.__file__ = str(path)
+        flags = __future__.annotations.compiler_flag
+        for node in ast.parse(text).body:
+            if isinstance(node, ast.FunctionDef) and node.name in names:
+                code = "\n" * (node.lineno - 1) + ast.get_source_segment(text, node)
+                exec(compile(code, str(path), "exec", flags=flags, dont_inherit=True),
+                     module.__dict__)
+        return module
+
     def _add(self, name, module) -> None:
         sys.modules[name] = module
         self.added.append(name)

@@ -12,6 +12,7 @@ from .deepspeed import BOUNDARIES as _DEEPSPEED_BOUNDARIES
 from .deepspeed import SPECS as _DEEPSPEED
 from .huggingface import BOUNDARIES as _HUGGINGFACE_BOUNDARIES
 from .huggingface import SPECS as _HUGGINGFACE
+from .lmcache import BOUNDARIES as _LMCACHE_BOUNDARIES
 from .lmcache import SPECS as _LMCACHE
 from .sglang import BOUNDARIES as _SGLANG_BOUNDARIES
 from .sglang import FUNCTION_BOUNDARIES as _SGLANG_FUNCTIONS
@@ -22,7 +23,7 @@ from .vllm import SPECS as _VLLM
 BUILTIN_SPECS = {**_DEEPSPEED, **_VLLM, **_SGLANG, **_HUGGINGFACE, **_LMCACHE}
 
 BUILTIN_BOUNDARIES = {**_DEEPSPEED_BOUNDARIES, **_VLLM_BOUNDARIES, **_HUGGINGFACE_BOUNDARIES,
-                      **_SGLANG_BOUNDARIES}
+                      **_SGLANG_BOUNDARIES, **_LMCACHE_BOUNDARIES}
 """The engines' request and step boundaries (``kvguard.boundaries``), by dotted class name."""
 
 BUILTIN_FUNCTION_BOUNDARIES = {**_SGLANG_FUNCTIONS}

@@ -13,7 +13,10 @@ ignored by ``free()``, and so by the guard, as are the frees of a dying allocato
 
 from __future__ import annotations
 
+import functools
+
 from ..marks import guard_of
+from ..owners import holding
 from ..spec import AllocatorSpec
 from .methods import adapter, allocating, freeing
 
@@ -59,3 +62,54 @@ SPECS = {
         adapter=adapter(allocating("batched_allocate"), freeing("batched_free")),
     ),
 }
+
+
+# --- who holds a page: the cache key (kvguard.boundaries) -----------------------------------
+#
+# The allocator hands a page out for no one in particular; ``LocalCPUBackend`` files it under a
+# key: ``submit_put_task(key, obj)`` keeps a reference for the key in ``hot_cache``,
+# ``remove(key)`` drops it (``ref_count_down``: the page goes back to the allocator when no
+# reader holds it either). So after a put the key holds the page, and ``remove`` runs as the
+# key; whatever reference stays (a reader's) is no longer the key's. A remove of a key whose
+# page was freed by an over-release elsewhere (a reader's ``ref_count_down`` too many,
+# LMCache#5005's clamp) and handed to another key since is then a ``stale-free``, where before
+# it silently put the other key's page on the free list.
+
+LOCAL_CPU_BACKEND = "lmcache.v1.storage_backend.local_cpu_backend.LocalCPUBackend"
+
+
+def _page_guard(obj):
+    parent = getattr(obj, "parent_allocator", None)
+    return guard_of(parent) if parent is not None else None
+
+
+def _key_holds_what_it_stored(original):
+    @functools.wraps(original)
+    def submit_put_task(self, key, memory_obj, *args, **kwargs):
+        result = original(self, key, memory_obj, *args, **kwargs)
+        guard = _page_guard(memory_obj)
+        if guard is not None and getattr(self, "hot_cache", {}).get(key) is memory_obj:
+            guard.add_holder([memory_obj], key)
+        return result
+    return submit_put_task
+
+
+def _removes_as_key(original):
+    @functools.wraps(original)
+    def remove(self, key, *args, **kwargs):
+        obj = getattr(self, "hot_cache", {}).get(key)
+        guard = _page_guard(obj) if obj is not None else None
+        if guard is None:
+            return original(self, key, *args, **kwargs)
+        with holding(key):
+            result = original(self, key, *args, **kwargs)
+        guard.drop_holder([obj], key)  # a reader's reference may keep the page: not the key's
+        return result
+    return remove
+
+
+BOUNDARIES = {
+    LOCAL_CPU_BACKEND: {"submit_put_task": ("around", _key_holds_what_it_stored),
+                        "remove": ("around", _removes_as_key)},
+}
+"""LMCache's key boundaries (``kvguard.boundaries``)."""

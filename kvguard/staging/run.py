@@ -83,9 +83,16 @@ def run_command(argv) -> int:
         env["KVGUARD_REGISTER"] = "\n".join(filter(None, [env.get("KVGUARD_REGISTER", "")]
                                                    + entries))
     try:
-        config_from_env(env)
+        config = config_from_env(env)
     except ValueError as exc:
         raise UsageError(f"kvguard run: error: {exc}") from None
+    from ..registry import registered
+    from ..spec import DEFAULT_SPEC
+    from ..specsource import source_misfit
+    for name, spec in config.register:  # read from the source: the command's code not imported
+        problem = source_misfit(name, spec or registered().get(name) or DEFAULT_SPEC)
+        if problem is not None:
+            raise UsageError(f"kvguard run: error: {problem}")
     ignored_by_git(os.path.dirname(env["KVGUARD_LOG"]))
     # A Ray cluster the command did not start runs its workers from its own raylets: Ray's
     # runtime-env hook gives every ray.init() of the command this run's settings for them.

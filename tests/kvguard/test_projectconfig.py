@@ -42,7 +42,7 @@ def write_pyproject(folder, text):
 
 def test_fuzz_reads_the_spec_from_tool_kvguard(project, capsys):
     assert main(["fuzz", "kvg_proj_pool.Pool", "--factory", "cls(4)"]) == 2
-    assert "size= or free_count=" in capsys.readouterr().err, "no spec: nothing to judge by"
+    assert "has no method 'allocate'" in capsys.readouterr().err, "no spec: it fits nothing"
     write_pyproject(project, """
         [tool.kvguard]
         allocators = ["kvg_proj_pool.Pool(alloc=get_blocks, free=put_blocks, size=n)"]

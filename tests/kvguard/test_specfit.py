@@ -119,3 +119,31 @@ def test_kvguard_fuzz_stops_with_one_line_and_exit_2(late_module, capsys, monkey
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "kvguard fuzz: error: " in err and \
         "no method 'allocate'" in err
+
+
+def test_the_source_tells_a_misfit_without_importing_the_module(late_module):
+    from kvguard.specsource import source_misfit
+    dotted = f"{late_module}.Pool"
+    problem = source_misfit(dotted, kvguard.AllocatorSpec())
+    assert f"{dotted} has no method 'allocate'" in problem and "get_blocks, put_blocks" in problem
+    assert source_misfit(dotted, kvguard.AllocatorSpec(alloc="get_blocks",
+                                                       free="put_blocks")) is None
+    assert late_module not in sys.modules
+    assert source_misfit("kvguard.examples.LinkedFreeList", kvguard.AllocatorSpec()) is None
+    assert source_misfit("kvg_nowhere.Pool", kvguard.AllocatorSpec()) is None
+
+
+def test_kvguard_run_stops_before_the_command_with_one_line(late_module, capsys, tmp_path,
+                                                            monkeypatch):
+    from kvguard.cli import main
+    monkeypatch.chdir(tmp_path)
+    marker = tmp_path / "ran"
+    command = ["--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+    assert main(["run", "--register", f"{late_module}.Pool", *command]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "kvguard run: error: " in err and \
+        "no method 'allocate'" in err
+    assert not marker.exists() and late_module not in sys.modules
+    assert main(["run", "--register", f"{late_module}.Pool(alloc=get_blocks, free=put_blocks)",
+                 *command]) == 0
+    assert marker.exists()

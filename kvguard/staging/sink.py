@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import functools
 import json
 import logging
 import os
@@ -95,6 +96,8 @@ class JsonLinesSink:
 
     def _reset(self) -> None:
         self._lock = threading.Lock()
+        self._take_now = _taker(self._lock, False)
+        self._take_waiting = _taker(self._lock, True)
         self._collected: collections.deque = collections.deque()
         self._fd = None
         self._started = False
@@ -148,18 +151,17 @@ class JsonLinesSink:
         self._tracked[guard] = (remains, finalizer)
 
     def _on_collected(self, remains) -> None:
-        """The finalizer: it may run inside this sink's own call (garbage collection strikes
-        anywhere), so it writes only if the lock is free and otherwise leaves the line to the
-        lock's holder (the next violation or ``close()`` at the latest)."""
+        """The finalizer: run inside this sink's own call maybe (a collection), it writes only
+        if the lock is free, else leaves it to the lock's holder (or ``close()``)."""
         try:
             if self.closed or self._pid != os.getpid():
                 return
             self._collected.append(remains)
-            if self._lock.acquire(blocking=False):
+            with self._take_now as got:  # no bytecode between taking the lock and the try
                 try:
-                    self._write_collected()
+                    got and self._write_collected()
                 finally:
-                    self._lock.release()
+                    got and self._lock.release()
         except Exception as exc:
             self._fail(exc)
 
@@ -191,23 +193,22 @@ class JsonLinesSink:
         (a signal handler, which may have interrupted this very sink) nothing is written if
         another call holds the sink."""
         try:
-            if not self._lock.acquire(blocking=wait):
-                return
-            try:
-                if self.closed or self._pid != os.getpid():
-                    return
-                self._write_collected()
-                self.closed = True
-                for _, finalizer in list(self._tracked.values()):
-                    finalizer.detach()
-                for guard in guards:
-                    self._write_stats(guard, self._baseline.get(guard))
-                if self._fd is not None:
-                    os.close(self._fd)
-                    self._fd = None
-                    self._started = False
-            finally:
-                self._lock.release()
+            with self._take_waiting if wait else self._take_now as got:
+                try:
+                    if not got or self.closed or self._pid != os.getpid():
+                        return
+                    self._write_collected()
+                    self.closed = True
+                    for _, finalizer in list(self._tracked.values()):
+                        finalizer.detach()
+                    for guard in guards:
+                        self._write_stats(guard, self._baseline.get(guard))
+                    if self._fd is not None:
+                        os.close(self._fd)
+                        self._fd = None
+                        self._started = False
+                finally:
+                    got and self._lock.release()
         except Exception as exc:
             self._fail(exc)
 
@@ -339,6 +340,14 @@ def _add_ray_context(record: dict, live: bool = True) -> None:
         found = context(live)
         if found:
             record["ray"] = found
+
+
+def _taker(lock, blocking: bool):
+    """``with taker as got:`` takes ``lock`` (waiting if ``blocking``), the block lets it go.
+    ``__enter__`` is the C ``acquire`` itself (a partial, called as is): no signal handler runs
+    between it and the block's ``try``, as one did after ``if lock.acquire(blocking=False):``."""
+    return type("_Take", (), {"__enter__": functools.partial(lock.acquire, blocking),
+                              "__exit__": lambda self, *exc: False})()
 
 
 class _Remains:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from . import harm as harms
 from .clauses import CLAUSES, Broken, requirement
+from .contain import note
 from .probes import PROBES
 from .judge import judge
 from .run import Run
@@ -88,6 +89,7 @@ def _harm_of(run: Run, factory):
 def _shown_without(run: Run, factory, harm) -> bool:
     """Whether the same calls without the bad one end on the same harm: then it is the
     allocator's with or without the bad call, and not the bad call's to show."""
+    note()
     control = Run(factory(), run.spec, run.driver, dry=True)
     try:
         control.run(run.ops)
@@ -114,6 +116,7 @@ def fails(test: str, cls: type, factory=None) -> bool:
     tests = [f for name, f in namespace.items() if name.startswith("test_") and callable(f)]
     if len(tests) != 1:
         return False
+    note()
     try:
         with unguarded():
             tests[0]()
@@ -133,7 +136,9 @@ def contract_error(factory, spec, driver) -> str:
     for ops in ([("allocate", 1), ("free", (0,)), (release, (0,), 0)],
                 [("invalid-id", (0,), 1)]):
         try:
+            note()
             run = Run(factory(), spec, driver, checks=())
+            note(run)
             run.run(ops)
         except Exception:
             continue

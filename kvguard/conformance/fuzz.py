@@ -258,6 +258,8 @@ def fuzz_command(argv) -> int:
         raise UsageError("kvguard fuzz: error: --examples must be at least 1")
     if args.budget is not None and not args.budget > 0:
         raise UsageError("kvguard fuzz: error: --budget must be a number of seconds above 0")
+    if not args.hang > 0:
+        raise UsageError("kvguard fuzz: error: --hang must be a number of seconds above 0")
     cls = imported(args.name, "fuzz")
     if not isinstance(cls, type):
         raise UsageError(f"kvguard fuzz: error: {args.name} is not a class")
@@ -273,8 +275,9 @@ def fuzz_command(argv) -> int:
     problem = misfit(cls, spec or spec_for(cls) or AllocatorSpec())
     if problem is not None:  # a spec that fits nothing: a configuration error, one line
         raise UsageError(f"kvguard fuzz: error: {problem}")
-    try:
-        make()
+    from .contain import contained
+    try:  # a factory that exits, hangs or forks is the allocator's: check_allocator reports it
+        contained(make, hang=args.hang, what="its factory")
     except SyntaxError as exc:
         raise UsageError(f"kvguard fuzz: error: --factory: {exc.msg}") from None
     except (ImportError, AttributeError) as exc:
@@ -288,7 +291,10 @@ def fuzz_command(argv) -> int:
                                  seed=args.seed, budget=args.budget or DEFAULT_BUDGET,
                                  driver=driver, clauses=args.clause, make=source,
                                  robustness=args.robustness or None, progress=_Progress(),
-                                 raise_on_broken=False)
+                                 hang=args.hang, raise_on_broken=False)
+    except KeyboardInterrupt as stop:  # the user's: the allocator's is an escape by now
+        from .contain import interrupted
+        return interrupted(getattr(stop, "report", None), "fuzz")
     except MissingDependency as exc:
         raise UsageError(f"kvguard fuzz: error: {exc}") from None
     except (TypeError, ValueError) as exc:
@@ -306,7 +312,7 @@ def fuzz_command(argv) -> int:
         sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
     else:
         sys.stdout.write(report.render() + "\n")
-    return 1 if report.findings else 0
+    return 1 if report.findings or report.escapes else 0
 
 
 class _Progress:
@@ -347,6 +353,9 @@ def _parser():
     parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                         help="bound on the whole run, shared out among the clauses; what "
                         "finished is kept (default 30)")
+    parser.add_argument("--hang", type=float, default=10.0, metavar="SECONDS",
+                        help="a call sequence running longer than this is a hang, stopped "
+                        "and reported (default 10)")
     parser.add_argument("--clause", action="append", choices=list(CLAUSES), default=None,
                         metavar="NAME", help="check only this clause (repeatable): "
                         f"{', '.join(CLAUSES)}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ..spec import AllocatorSpec
 from .clauses import CLAUSES, Broken, Driver, requirement
+from .contain import note
 from .run import Run
 
 
@@ -18,7 +19,9 @@ def judge(factory, spec: AllocatorSpec, ops, clause: str, driver: Driver | None 
     a valid sequence is never blamed on a probe that happens to sit in front of it).
     ``tally`` counts the probes made and the allocations that succeeded (``made``,
     ``allocated``): a search that made none has tested nothing."""
+    note()  # a fresh sequence: the containment's hang limit counts from here
     run = Run(factory(), spec, driver, checks=[clause] if not CLAUSES[clause].probe else None)
+    note(run)
     run.ops = list(ops)
     broken = run.run(ops)
     if tally is not None:

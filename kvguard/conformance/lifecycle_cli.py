@@ -73,8 +73,10 @@ def _engine(args):
 
     def make():
         return ref(**kw)
-    try:
-        make()  # a factory that cannot build an engine fails here, in one line
+    from .contain import contained
+    try:  # one that cannot build an engine fails here, in one line; one that exits, hangs or
+        # forks is the engine's: check_lifecycle reports it
+        contained(make, hang=args.hang, what="its factory", who="the engine")
     except (ImportError, AttributeError):
         raise
     except Exception as exc:
@@ -109,10 +111,15 @@ def lifecycle_command(argv) -> int:
     parser.add_argument("--seed", type=int, default=0, metavar="S")
     parser.add_argument("--budget", type=float, default=600.0, metavar="SECONDS",
                         help="stop searching after this long (default 600)")
+    parser.add_argument("--hang", type=float, default=10.0, metavar="SECONDS",
+                        help="an event sequence running longer than this is a hang, stopped "
+                        "and reported (default 10)")
     parser.add_argument("--emit", metavar="FILE", help="write the regression test here")
     args = parser.parse_args(argv)
     if args.examples < 1 or args.steps < 1:
         raise UsageError("kvguard fuzz: error: --examples and --steps must be at least 1")
+    if not args.budget > 0 or not args.hang > 0:
+        raise UsageError("kvguard fuzz: error: --budget and --hang must be seconds above 0")
     try:
         make, driver = _engine(args)
     except ValueError as exc:
@@ -120,11 +127,16 @@ def lifecycle_command(argv) -> int:
     except (ImportError, FileNotFoundError, AttributeError) as exc:
         raise UsageError(f"kvguard fuzz: error: cannot build the {args.lifecycle} engine: "
                          f"{exc}") from None
+    from .contain import interrupted
     from .lifecycle_check import check_lifecycle
-    report = check_lifecycle(make, driver, examples=args.examples, steps=args.steps,
-                             seed=args.seed, budget=args.budget, raise_on_finding=False)
+    try:
+        report = check_lifecycle(make, driver, examples=args.examples, steps=args.steps,
+                                 seed=args.seed, budget=args.budget, hang=args.hang,
+                                 raise_on_finding=False)
+    except KeyboardInterrupt as stop:  # the user's: the engine's is an escape by now
+        return interrupted(getattr(stop, "report", None), "fuzz")
     sys.stdout.write(report.render() + "\n")
     if args.emit and report.findings:
         with open(args.emit, "w") as out:
             out.write(report.findings[0].test)
-    return 1 if report.findings else 0
+    return 1 if report.findings or report.escapes else 0

@@ -281,12 +281,14 @@ def replay(make_run, events: list):
     return None
 
 
-def shorten(make_run, found: LifecycleViolation) -> LifecycleViolation:
+def shorten(make_run, found: LifecycleViolation, until: float | None = None
+            ) -> LifecycleViolation:
     """Drop events (a step together with its processing) while the same kind of problem still
-    shows: hypothesis shrinks its choices, which is not always the fewest events."""
+    shows: hypothesis shrinks its choices, which is not always the fewest events. Past
+    ``until`` it keeps the shortest found so far."""
     kind = found.problem.kind
     changed = True
-    while changed:
+    while changed and (until is None or time.monotonic() < until):
         changed = False
         events = found.events
         for i, event in enumerate(events):
@@ -306,9 +308,11 @@ CHUNK = 50
 that behaved differently past a deadline would make hypothesis's replays inconsistent)."""
 
 
-def search(make_run, *, examples: int, steps: int, seed: int, deadline: float):
+def search(make_run, *, examples: int, steps: int, seed: int, deadline: float,
+           keep: dict | None = None):
     """The shrunk ``LifecycleViolation`` hypothesis finds, ``"budget"`` when time ran out
-    first, or None."""
+    first, or None. ``keep["found"]`` holds the violation before it is shortened (a search
+    stopped while shortening keeps it)."""
     from hypothesis import HealthCheck, Phase, Verbosity, settings
     from hypothesis import seed as hypothesis_seed
     from hypothesis.stateful import get_state_machine_test
@@ -327,7 +331,9 @@ def search(make_run, *, examples: int, steps: int, seed: int, deadline: float):
         try:
             hypothesis_seed(seed * 1_000_003 + chunk)(test)()
         except LifecycleViolation as found:
-            return shorten(make_run, found)
+            if keep is not None:
+                keep["found"] = found
+            return shorten(make_run, found, until=deadline + 1.0)
         done += size
         chunk += 1
     return None

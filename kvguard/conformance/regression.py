@@ -292,6 +292,10 @@ class Writer:
                 self.after_probe(s, harmed)
                 if harmed:
                     self.emit("# what that call corrupted, shown:")
+        return self.assemble(name, doc)
+
+    def assemble(self, name: str, doc: str) -> str:
+        """The test function around the lines emitted so far, with its imports."""
         cls = type(self.run.allocator)
         make = self.make or f"make_allocator()  # TODO: build a fresh {cls.__name__} here"
         body = [f"a = {make}"]

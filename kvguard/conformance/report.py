@@ -99,6 +99,11 @@ class ConformanceReport:
     harmless: list = field(default_factory=list)
     """Bad calls accepted (or not rejected atomically) where driving on showed no harm: told,
     never counted as a broken promise (a maintainer would ask what it breaks)."""
+    escapes: list = field(default_factory=list)
+    """What the allocator did to the process, contained (``kvguard.conformance.contain``): a
+    hang, an exit, a ``KeyboardInterrupt``/``GeneratorExit``, a fork. Each fails the check."""
+    interrupted: str = ""
+    """Set when the user's Ctrl-C stopped the check: the report holds what finished."""
 
     @property
     def broken_promises(self) -> list:
@@ -115,9 +120,15 @@ class ConformanceReport:
 
     def render(self) -> str:
         lines = [f"kvguard conformance: {self.allocator}: {len(self.broken_promises)} broken "
-                 f"promise(s), {len(self.unprotected)} unprotected clause(s); "
-                 f"{self.examples} examples per clause, seed {self.seed}, "
-                 f"took {self.seconds:.2f} s"]
+                 f"promise(s), {len(self.unprotected)} unprotected clause(s)"
+                 + (f", {len(self.escapes)} escape(s)" if self.escapes else "")
+                 + f"; {self.examples} examples per clause, seed {self.seed}, "
+                 f"took {self.seconds:.2f} s" + (f"; {self.interrupted}" if self.interrupted
+                                                 else "")]
+        if self.escapes:
+            lines += ["", "escaped the fuzzer (contained; each call must return, or raise an "
+                      "Exception):"]
+            lines += [e.render() for e in self.escapes]
         if self.broken_promises:
             lines += ["", "breaks a promise it makes:"]
             lines += [f.render() for f in self.broken_promises]
@@ -143,6 +154,8 @@ class ConformanceReport:
                 "findings": [f.to_dict() for f in self.findings],
                 "robustness": [f.to_dict() for f in self.robustness],
                 "harmless": [f.to_dict() for f in self.harmless],
+                "escapes": [e.to_dict() for e in self.escapes],
+                "interrupted": self.interrupted,
                 "passed": list(self.passed),
                 "not_run": [{"clause": c, "why": why} for c, why in self.not_run]}
 
@@ -163,6 +176,10 @@ class ConformanceReport:
             for other in f.same_bug:
                 cases.append(case(other, f"<{kind} message={quoteattr('same bug as ' + f.clause)}"
                                   f"/>"))
+        for e in self.escapes:
+            for c in e.clauses or ["escape"]:
+                cases.append(case(c, f"<failure message={quoteattr(e.text)}>"
+                                  f"{_escape(e.render())}</failure>"))
         cases += [case(c) for c in self.passed]
         cases += [case(c, f"<skipped message={quoteattr(why)}/>") for c, why in self.not_run]
         failures = sum("<failure" in c for c in cases)

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from ..ids import result_ids
 from ..spec import AllocatorSpec
 from .clauses import CLAUSES, Driver, applicable, not_applicable, robustness_tier
+from .contain import DEFAULT_HANG, GRACE, Cutoff, UserInterrupt, contained, merge
+from .escapes import write_up
 from .probes import PROBES
 from .report import ConformanceReport, Finding, group
 from .judge import judge
@@ -83,7 +85,8 @@ def check_allocator(factory, spec: AllocatorSpec | None = None, *, promises=None
                     examples: int = DEFAULT_EXAMPLES, seed: int = 0,
                     budget: float = DEFAULT_BUDGET, driver: Driver | None = None,
                     clauses=None, make: str | None = None, robustness: bool | None = None,
-                    progress=None, raise_on_broken: bool = True) -> ConformanceReport:
+                    progress=None, hang: float = DEFAULT_HANG,
+                    raise_on_broken: bool = True) -> ConformanceReport:
     """Fuzz a fresh allocator per sequence (``factory()``) against the allocator contract.
 
     ``spec`` says how to read it (default: its registered spec, else ``allocate``/``free``).
@@ -98,29 +101,48 @@ def check_allocator(factory, spec: AllocatorSpec | None = None, *, promises=None
     ``budget`` bounds each clause (a fair share of what is left) and the whole check.
     ``progress(clause, index, total, seconds)`` is called as each clause starts.
 
+    Contained (``kvguard.conformance.contain``): a call sequence running past ``hang`` seconds
+    (or a call still running when its clause's time is up), a ``BaseException`` from the
+    allocator or ``factory`` (``sys.exit``, ``KeyboardInterrupt``, ``GeneratorExit``) and a
+    fork in its code are each stopped and reported in ``report.escapes``, never the end of
+    the run. The user's Ctrl-C raises ``KeyboardInterrupt`` (``UserInterrupt``) whose
+    ``.report`` holds what finished.
+
     The allocators the check makes are never guarded (``kvguard.registry.unguarded``), also
     under ``pytest -p kvguard``: it tests the allocator, not the guard.
 
-    Raises ``ConformanceError`` (an ``AssertionError``) when a promised clause breaks, unless
-    ``raise_on_broken=False``; returns the ``ConformanceReport`` otherwise.
+    Raises ``ConformanceError`` (an ``AssertionError``) when a promised clause breaks or the
+    allocator escaped, unless ``raise_on_broken=False``; returns the ``ConformanceReport``
+    otherwise.
     ``MissingDependency`` (an ``ImportError``) without hypothesis.
     """
     _needs()
     from ..registry import unguarded
     with unguarded():
         report = _check(factory, spec, promises, examples, seed, budget, driver, clauses,
-                        make, robustness, progress)
+                        make, robustness, progress, hang)
     _log.info("kvguard conformance: %s checked in %.2f s", report.allocator, report.seconds)
-    if raise_on_broken and report.broken_promises:
+    if raise_on_broken and (report.broken_promises or report.escapes):
         raise ConformanceError(report)
     return report
 
 
 def _check(factory, spec, promises, examples, seed, budget, driver, clauses, make,
-           robustness, progress) -> ConformanceReport:
-    from .findings import contract_error, finding
+           robustness, progress, hang) -> ConformanceReport:
     started = time.monotonic()
-    sample = factory()
+    sample, escape = contained(factory, hang=hang, deadline=started + budget + GRACE,
+                               what="its factory")  # a named place: never a Cutoff
+    if escape is not None:
+        owner = factory if isinstance(factory, type) else escape.owner
+        name = f"{owner.__module__}.{owner.__qualname__}" if owner is not None else \
+            getattr(factory, "__qualname__", repr(factory))
+        if make is None and owner is not None:
+            from .regression import factory_source
+            make = factory_source(factory, owner)
+        report = ConformanceReport(name, seed, examples, time.monotonic() - started)
+        report.escapes = [write_up(escape, make, seed, hang, factory, owner)]
+        report.not_run = [(c, "its factory escaped") for c in (clauses or CLAUSES)]
+        return report
     cls = type(sample)
     if spec is None:
         from ..registry import spec_for
@@ -128,7 +150,6 @@ def _check(factory, spec, promises, examples, seed, budget, driver, clauses, mak
     if not isinstance(spec, AllocatorSpec):
         raise TypeError(f"check_allocator() needs a kvguard.AllocatorSpec, not "
                         f"{type(spec).__name__}")
-    Run(sample, spec, driver)  # a spec the fuzzer cannot use fails here, before any search
     unknown = [c for c in list(promises or ()) + list(clauses or ()) if c not in CLAUSES]
     if unknown:
         raise ValueError(f"unknown clause(s) {unknown}: the clauses are {', '.join(CLAUSES)}")
@@ -150,35 +171,98 @@ def _check(factory, spec, promises, examples, seed, budget, driver, clauses, mak
     if make is None:
         from .regression import factory_source
         make = factory_source(factory, cls)
-    rejects_with = contract_error(factory, spec, driver)
-    deadline = started + budget
-    found = []
-    for i, clause in enumerate(checked):
-        now = time.monotonic()
-        if progress is not None:
-            progress(clause, i, len(checked), now - started)
-        if now >= deadline:
-            report.not_run.append((clause, "budget spent before it started"))
-            continue
-        share = (deadline - now) / (len(checked) - i)
-        outcome = search_clause(factory, spec, driver, clause, examples, seed, now + share)
-        if outcome.run is not None:
-            found.append(finding(outcome.run, clause, clause in promised, make, seed,
-                                 tier="robustness" if clause in tier else "promise",
-                                 rejects_with=rejects_with, factory=factory))
-        elif outcome.cut_off:
-            report.not_run.append((clause, f"budget spent after {outcome.examples} of "
-                                   f"{examples} examples"))
-        elif CLAUSES[clause].probe and outcome.made == 0:
-            report.not_run.append((clause, "its bad call was never made" + (
-                ": no allocation succeeded" if outcome.allocated == 0 else "")))
-        elif not CLAUSES[clause].probe and outcome.allocated == 0 and clause != "valid-trace":
-            report.not_run.append((clause, "no allocation succeeded"))
-        else:
-            report.passed.append(clause)
+    escapes, found = [], []
+    try:
+        if spec.tensor_ok or {"bool-mask", "tensor-id"} & set(checked):
+            _preload()  # a slow first import of torch is not the allocator's hang
+        try:
+            rejects_with, escape = contained(lambda: _setup(sample, factory, spec, driver),
+                                             hang=hang, deadline=started + budget + GRACE)
+        except Cutoff:
+            rejects_with, escape = "", None
+        if escape is not None:
+            escape.clauses.append("set-up")
+            escapes.append(write_up(escape, make, seed, hang, factory))
+        deadline = started + budget
+        for i, clause in enumerate(checked):
+            _clause(report, found, escapes, clause, i, checked, started, deadline, factory,
+                    spec, driver, examples, seed, hang, make, clause in promised, tier,
+                    rejects_with, progress)
+    except KeyboardInterrupt:  # the user's (the allocator's are escapes by now)
+        done = {c for c, _ in report.not_run} | set(report.passed) | {
+            f.clause for f in found} | {c for e in escapes for c in e.clauses}
+        at = next((c for c in checked if c not in done), None)
+        report.interrupted = f"interrupted (Ctrl-C){f' in {at}' if at else ''}"
+        report.not_run += [(c, "interrupted") for c in checked if c not in done]
+        _finish(report, found, escapes, started)
+        stop = UserInterrupt()
+        stop.report = report
+        raise stop from None
+    return _finish(report, found, escapes, started)
+
+
+def _preload() -> None:
+    for name in ("numpy", "torch"):
+        try:
+            __import__(name)
+        except Exception:  # not installed (or broken): the probes skip what needs it
+            pass
+
+
+def _setup(sample, factory, spec, driver) -> str:
+    from .findings import contract_error
+    Run(sample, spec, driver)  # a spec the fuzzer cannot use fails here, before any search
+    return contract_error(factory, spec, driver)
+
+
+def _clause(report, found, escapes, clause, i, checked, started, deadline, factory, spec,
+            driver, examples, seed, hang, make, promised, tier, rejects_with, progress):
+    """One clause's search (and its finding), contained, with its share of what is left."""
+    from .findings import finding
+    now = time.monotonic()
+    if progress is not None:
+        progress(clause, i, len(checked), now - started)
+    if now >= deadline:
+        report.not_run.append((clause, "budget spent before it started"))
+        return
+    share = (deadline - now) / (len(checked) - i)
+    outcome = Outcome()
+
+    def work():
+        search_clause(factory, spec, driver, clause, examples, seed, now + share, outcome)
+        if outcome.run is None:
+            return None
+        return finding(outcome.run, clause, promised, make, seed,
+                       tier="robustness" if clause in tier else "promise",
+                       rejects_with=rejects_with, factory=factory)
+    try:
+        got, escape = contained(work, hang=hang, deadline=now + share + GRACE)
+    except Cutoff:
+        report.not_run.append((clause, f"budget spent after {outcome.examples} of {examples} "
+                               "examples (cut off)"))
+        return
+    if escape is not None:
+        escape.clauses.append(clause)
+        escapes.append(write_up(escape, make, seed, hang, factory))
+    elif got is not None:
+        found.append(got)
+    elif outcome.cut_off:
+        report.not_run.append((clause, f"budget spent after {outcome.examples} of "
+                               f"{examples} examples"))
+    elif CLAUSES[clause].probe and outcome.made == 0:
+        report.not_run.append((clause, "its bad call was never made" + (
+            ": no allocation succeeded" if outcome.allocated == 0 else "")))
+    elif not CLAUSES[clause].probe and outcome.allocated == 0 and clause != "valid-trace":
+        report.not_run.append((clause, "no allocation succeeded"))
+    else:
+        report.passed.append(clause)
+
+
+def _finish(report, found, escapes, started) -> ConformanceReport:
     report.findings = group([f for f in found if f.tier == "promise" and f.harm])
     report.robustness = group([f for f in found if f.tier == "robustness" and f.harm])
     report.harmless = [f for f in found if not f.harm]
+    report.escapes = merge(escapes)
     report.seconds = time.monotonic() - started
     return report
 
@@ -224,15 +308,17 @@ class _Stop(Exception):
     """Raised inside the hypothesis test to end the search: found, or out of time."""
 
 
-def search_clause(factory, spec, driver, clause, examples, seed, deadline) -> Outcome:
-    """The shortest sequence hypothesis finds that breaks ``clause`` before ``deadline``."""
+def search_clause(factory, spec, driver, clause, examples, seed, deadline,
+                  outcome: Outcome | None = None) -> Outcome:
+    """The shortest sequence hypothesis finds that breaks ``clause`` before ``deadline``
+    (filling in ``outcome`` as it goes, so a search cut off still says how far it got)."""
     from hypothesis import HealthCheck, Phase, Verbosity, given, settings
     from hypothesis import seed as hypothesis_seed
     from hypothesis import strategies as st
 
     kinds = kinds_for(clause, spec)
     tally: dict = {}
-    outcome = Outcome()
+    outcome = outcome if outcome is not None else Outcome()
 
     @settings(max_examples=examples, deadline=None, database=None, derandomize=False,
               report_multiple_bugs=False, verbosity=Verbosity.quiet, print_blob=False,

@@ -638,6 +638,9 @@ NO_FRAME_FREES = """
     for b in ids:
         _thread.start_new_thread(a.free, (b,))  # the wrapper is the thread's own function
         time.sleep(0.02)
+    deadline = time.monotonic() + 120  # every thread done (a loaded machine, a sanitizer)
+    while _thread._count() and time.monotonic() < deadline:
+        time.sleep(0.01)
     stats = g.stats.to_dict()
     print(stats["free_calls"], stats["internal_errors"], g._capture.__kvguard_sample__[0]())
 """

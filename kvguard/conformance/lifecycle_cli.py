@@ -4,7 +4,9 @@ Engines: ``vllm`` (the installed vLLM's v1 scheduler, built from its ``tests/v1/
 ``--config`` picks the attention groups, async scheduling, prefix caching or a KV-consumer
 connector, see ``kvguard.conformance.lifecycle_vllm.CONFIGS``), ``hf`` (the installed
 transformers' continuous batching over a tiny random model; ``--config`` in
-``kvguard.conformance.lifecycle_hf.CONFIGS``) and ``example`` (kvguard's own small scheduler;
+``kvguard.conformance.lifecycle_hf.CONFIGS``), ``sglang`` (the installed SGLang's ``Scheduler``
+on CPU, a first cut: see ``kvguard.conformance.lifecycle_sglang``) and ``example`` (kvguard's
+own small scheduler;
 ``--config`` names a planted bug, or ``fixed``). Exit status: 0 nothing found, 1 a
 finding (the report shows it, with its regression test), 2 a command-line mistake (one line).
 """
@@ -40,7 +42,17 @@ def _hf(config: str):
     return factory, HfDriver
 
 
-ENGINES = {"vllm": (_vllm, "full-async"), "hf": (_hf, "sync"), "example": (_example, "fixed")}
+def _sglang(config: str):
+    from .lifecycle_sglang import SglangDriver, SglangFactory
+    import torch
+    torch.set_num_threads(1)
+    factory = SglangFactory(config)
+    factory()  # builds the Scheduler (30 to 100 s): a missing SGLang fails here, in one line
+    return factory, SglangDriver
+
+
+ENGINES = {"vllm": (_vllm, "full-async"), "hf": (_hf, "sync"), "sglang": (_sglang, "sync"),
+           "example": (_example, "fixed")}
 
 
 def _engine(args):
@@ -102,8 +114,8 @@ def lifecycle_command(argv) -> int:
                         help="the engine's configuration (vllm: full, full-async, prefix, "
                         "prefix-async, swa-async, chunked-local-async, hybrid-async, "
                         "pd-consumer-async, pd-async-load; hf: sync, sync-no-sharing, "
-                        "sync-hybrid, async, async-no-sharing, async-hybrid; example: fixed or "
-                        "a planted bug)")
+                        "sync-hybrid, async, async-no-sharing, async-hybrid; sglang: sync; "
+                        "example: fixed or a planted bug)")
     parser.add_argument("--examples", type=int, default=500, metavar="N",
                         help="event sequences to try (default 500)")
     parser.add_argument("--steps", type=int, default=24, metavar="N",

@@ -256,6 +256,8 @@ def replay(make_run, events: list):
                 rids[event[1]] = f"r{len(run.requests)}"
                 run.add(*event[2:])
             elif kind == "schedule":
+                if not run.can_schedule():  # a step dropped: the engine never schedules so
+                    return None
                 before = run.steps
                 run.schedule()
                 if event[1]:

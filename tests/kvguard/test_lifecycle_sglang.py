@@ -22,5 +22,7 @@ pytestmark = [
 def test_a_short_search_on_the_installed_sglang_finds_nothing():
     from kvguard.conformance.lifecycle_sglang import SglangDriver, SglangFactory
     from kvguard.testing import check_lifecycle
-    report = check_lifecycle(SglangFactory(), SglangDriver, examples=5, steps=12, budget=300)
+    factory = SglangFactory()
+    factory()  # the build (30 to 100 s) before the search, whose calls have a hang limit
+    report = check_lifecycle(factory, SglangDriver, examples=5, steps=12, budget=300)
     assert report.findings == [] and "SGLang" in report.engine

@@ -102,8 +102,7 @@ def _put(cls: type, name: str):
     if key in _functions:
         if owner.__dict__.get(name) is _dispatchers[key]:
             return key
-        _holders.pop(key, None)  # the engine rebound it: a dispatcher for the new one
-        del _functions[key], _dispatchers[key]
+        del _functions[key], _dispatchers[key]  # the engine rebound it: one for the new one
     func = owner.__dict__[name]
     if not inspect.isfunction(func) or hasattr(func, "__kvguard_function__"):
         return None

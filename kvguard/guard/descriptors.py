@@ -120,3 +120,30 @@ class Routed:
 
     def __set_name__(self, owner, name) -> None:
         pass
+
+
+def class_view(allocator, names) -> tuple:
+    """``(class __dict__, name, what it holds)`` for each of ``names`` as the allocator's class
+    holds it now (the guard's dispatcher, a function, a descriptor): ``selfcheck.verify``
+    compares, and follows an engine that rebinds a guarded method on the class."""
+    out = []
+    for name in names:
+        owner, attr = class_attribute(type(allocator), name)
+        if owner is not None:
+            out.append((owner.__dict__, name, attr))
+    return tuple(out)
+
+
+def follow_class(guard, allocator, view) -> list:
+    """The guarded methods the engine rebound on the class since ``view``: the guard forwards
+    to what the class holds now (its wrappers rebuilt). Returns their names."""
+    moved = [name for held, name, attr in view if held.get(name) is not attr]
+    for name in moved:
+        _, attr = class_attribute(type(allocator), name)
+        attr = getattr(attr, "__kvguard_function__", attr)  # past a dispatcher
+        attr = attr.original if isinstance(attr, Routed) else attr
+        guard._bound[name] = attr.__get__(allocator, type(allocator)) if isinstance(
+            attr, PLAIN) and hasattr(attr, "__get__") else reread(allocator, name, attr)
+    if moved:
+        guard._install(guard)
+    return moved

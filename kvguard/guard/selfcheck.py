@@ -30,7 +30,7 @@ from .. import dispatch, kinds
 from ..logger import emit
 from ..marks import ATTR
 from ..spec import read
-from . import baseline
+from . import baseline, descriptors
 from .arguments import MISSING
 from .instances import engine_method
 
@@ -42,7 +42,7 @@ class Notes:
     """One guard's self-check state: what it said (once each) and what it still owes."""
 
     __slots__ = ("said", "lines", "surplus", "installed", "busy", "tainted", "unseen",
-                 "extra_refs", "token")
+                 "extra_refs", "token", "classed")
 
     def __init__(self) -> None:
         self.said: set = set()
@@ -56,6 +56,8 @@ class Notes:
         self.unseen = False
         """A wrapper was found replaced or removed: calls went by unseen."""
         self.token = None
+        self.classed: tuple = ()
+        """The guarded methods as the class held them (``descriptors.class_view``)."""
         """What holds this guard's class-level dispatchers (``kvguard.dispatch``)."""
         self.extra_refs: Counter = Counter()
         """(pool, block) -> references an allocation took that a non-refcounted ledger
@@ -132,6 +134,7 @@ def remember(guard) -> None:
         weakref.finalize(guard, dispatch.let_go, state.token)
     dispatch.hold(type(allocator), [n for n, w in state.installed.items()
                                     if getattr(w, "__kvguard__", None) is guard], state.token)
+    state.classed = descriptors.class_view(allocator, guard.spec.methods())
 
 
 def let_go(guard) -> None:
@@ -162,13 +165,21 @@ def verify(guard) -> None:
         if get(n) is not w:
             break
     else:
-        return
+        for held, n, attr in state.classed:
+            if held.get(n) is not attr:
+                break
+        else:
+            return
     if not guard._originals:
         return
     lost = [n for n, w in state.installed.items() if own.get(n) is not w]
     state.busy = True
     try:
         with guard.lock:
+            for name in descriptors.follow_class(guard, allocator, state.classed):
+                say(guard, ("class", name, id(getattr(type(allocator), name, None))), (
+                    f"{type(allocator).__qualname__}.{name} was rebound on the class; the "
+                    f"guard now forwards to what it holds now"))
             _repair(guard, allocator, own, state, lost)
     finally:
         state.busy = False

@@ -144,3 +144,24 @@ def test_a_wrapper_deleted_from_under_a_custom_descriptor_is_put_back():
     assert g.stats.free_calls == 1 and any("re-installed" in n for n in g.notes)
     with pytest.raises(kvguard.DoubleFreeError):
         pool.free(a)
+
+
+@pytest.mark.parametrize("way", WAYS, ids=WAY_IDS)
+def test_a_method_rebound_on_the_class_later_is_followed(way):
+    """An engine that swaps a guarded method's implementation on the class after the guard
+    came: the guard forwards to the new one from the next call it sees (a careful-path call,
+    check(), live...), and says so once."""
+    class Swapping(Base):
+        def free(self, ids):
+            self._free_v1(ids)
+
+    pool, g = guarded(Swapping, "raise", way)
+    a = pool.allocate(2)
+    Swapping.free = Base._free_v2
+    assert g.live and any("rebound on the class" in n for n in g.notes)
+    pool.free(a)
+    assert pool.calls == ["v2"] and g.stats.free_calls == 1
+    with pytest.raises(kvguard.DoubleFreeError):
+        pool.free(a)
+    g.unguard()
+    assert vars(Swapping)["free"] is Base._free_v2

@@ -91,7 +91,7 @@ def test_the_lifecycle_fuzzer_on_an_engine_of_ones_own(capsys, tmp_path):
 
 @pytest.mark.parametrize("argv, says", [
     (["--lifecycle", f"{HERE}:make_scheduler"], "needs --driver"),
-    (["--lifecycle", "nonsense"], "an engine (example, hf, vllm) or a factory"),
+    (["--lifecycle", "nonsense"], "or a factory pkg.mod:make_engine(k=v, ...)"),
     (["--lifecycle", f"{HERE}:make_scheduler", "--driver", f"{HERE}:CheckedPool"],
      "not a kvguard.testing.LifecycleDriver subclass"),
     (["--lifecycle", f"{HERE}:make_scheduler", "--driver", f"{HERE}.CheckedPool"],

@@ -29,7 +29,7 @@ except ImportError:  # a Python built without it
 
 LOG = logging.getLogger("flake8.kvguard")
 
-FORMAT_VERSION = 5  # 5: effects of methods ("e", "d"); 4: each file's entry holds the digest of the text it was scanned from
+FORMAT_VERSION = 6  # 6: ids a body uses as tensors take tensors, whatever the annotation; 5: effects of methods ("e", "d"); 4: each file's entry holds the digest of the text it was scanned from
 CACHE_DIR_NAME = ".kvguard_cache"
 CACHE_FILE = "lint-index.json"
 # Beside it: the merged index with the stamps of the files it was merged from, so that

@@ -26,6 +26,7 @@ _STATEMENT_START = re.compile(r"^([ \t]*)(?=[^ \t\n#])", re.M)
 # What a body does with a parameter only if it is a tensor. `torch.tensor(ids)` is
 # not among them: it makes a tensor out of a list.
 _TENSOR_ONLY_METHODS = torch_api.TORCH_ONLY_METHODS | frozenset(("numel", "clone"))
+_NOT_A_LIST = "tolist|numel|dim|ndim|size|item|shape|dtype|device"
 _TENSOR_OPS = frozenset(
     "cat concat concatenate stack hstack vstack unique unique_consecutive isin "
     "index_select masked_select cumsum bincount searchsorted argsort".split()
@@ -201,6 +202,9 @@ def uses_as_tensor(body: str, name: str) -> bool:
     for method in re.finditer(rf"(?<![\w.]){name}\s*\.\s*(\w+)\s*\(", body):
         if method.group(1) in _TENSOR_ONLY_METHODS:
             return True
+    if re.search(rf"(?<![\w.]){name}\s*\.\s*(?:{_NOT_A_LIST})\b", body) and \
+            not re.search(rf"\bisinstance\s*\(\s*{name}\b", body):
+        return True  # an array's attributes, unguarded: a list passed instead fails there
     mentions = re.compile(rf"\s*\(?[^()]*(?<![\w.]){name}\b")
     for call in _TORCH_CALL.finditer(body):
         if call.group(1) in _TENSOR_OPS and mentions.match(body, call.end()):
@@ -253,6 +257,7 @@ def scan_source(source: str) -> dict:
     classes: dict = {}
     factories: dict = {}
     candidates = []  # (class, method, its text) for effects.py
+    handed_on = []  # (class, function, ids parameter, body) the body alone does not decide
     scopes = []  # (indent, class name or None for a def), innermost last
     events = [(m.start(), "c", m) for m in _CLASS.finditer(source)]
     events += [(m.start(), "d", m) for m in _DEF.finditer(source)]
@@ -302,11 +307,13 @@ def scan_source(source: str) -> dict:
             takes = "t" if found in (TENSOR, BOOL_TENSOR, OPTIONAL_TENSOR) else "n"
             if takes == "n" and _TENSOR_WORD.search(param_annotation):
                 takes = "t"  # Union[torch.Tensor, List[int]] takes tensors too
-        if param_annotation is None and param is not None:
+        if param is not None and takes != "t":  # no annotation, or one the body belies
             header_end = source.find(":", match.end() + len(params))
             body = source[header_end : _body_end(source, header_end, indent)]
             if uses_as_tensor(body, param):
-                takes = "t"
+                takes = "t"  # `ids: list` whose body calls ids.numel(): it takes tensors
+            else:
+                handed_on.append((owner, name, param, body))
         if takes == "t":
             tensor_params.add(name)
         if owner is not None and takes is not None:
@@ -317,11 +324,30 @@ def scan_source(source: str) -> dict:
             if _may_change_state(source, header_end, end):
                 line_start = source.rfind("\n", 0, match.start()) + 1
                 candidates.append((owner, name, source[line_start:end]))
+    _hands_on_tensors(handed_on, tensor_params, classes)
     factories = {name: cls for name, cls in factories.items() if cls}
     entry = {"r": returns, "p": sorted(tensor_params), "c": classes, "k": factories}
     if candidates:
         _add_effects(entry, candidates)
     return entry
+
+
+def _hands_on_tensors(handed_on, tensor_params, classes) -> None:
+    """A function that passes its ids as they are to one of this file's functions that takes
+    tensors takes tensors too (`free(ids)` calling `keep(ids)`, whose body calls
+    `ids.clone()`): a list passed instead would fail there. Repeated until nothing changes."""
+    changed = True
+    while changed and handed_on and tensor_params:
+        changed = False
+        callees = "|".join(re.escape(name) for name in sorted(tensor_params))
+        for item in list(handed_on):
+            owner, name, param, body = item
+            if re.search(rf"(?<![\w.])(?:{callees})\s*\(\s*{re.escape(param)}\s*[,)]", body):
+                tensor_params.add(name)
+                if owner is not None:
+                    classes[owner]["m"][name] = "t"
+                handed_on.remove(item)
+                changed = True
 
 
 _EFFECT_HINT = re.compile(

@@ -3,6 +3,11 @@
 The elements of a tensor are 0-dim tensors, and a tensor hashes by identity: `set(t)`
 keeps every element, two equal ids are two dict keys, and `t[i] in seen` is False
 for a `seen` full of ints. Convert to Python ints first.
+
+The fix (`.tolist()` before hashing) is made only where the set's or dict's elements never
+leave it (it is only counted, asked for membership or grown, by itself or through the one name
+it is bound to): elements that leave it as tensors may meet a tensor method (`k.item()`), which
+an int lacks. Elsewhere the finding is reported, unfixed.
 """
 
 from .. import nodes
@@ -53,12 +58,7 @@ import torch
 def unique_blocks(block_table: torch.Tensor) -> int:
     return len(set(block_table[0].tolist()))
 """,
-    """\
-import torch
-
-def owners(block_ids: torch.Tensor) -> dict:
-    return dict.fromkeys(block_ids.tolist())
-""",
+    None,  # its keys leave the function as tensors: a caller's k.item() would fail on ints
     None,
     None,
 ]
@@ -131,9 +131,58 @@ def check_call(call, scope, ctx):
         return
     fix = None
     replacement = _tolist_of(operand, val, scope, ctx)
-    if replacement is not None:
+    if replacement is not None and _elements_stay(call, scope):
         fix = (operand, replacement)
     _report(ctx, call, what, fix)
+
+
+_ASKED = frozenset(("add", "discard", "remove", "get", "setdefault", "update", "__contains__"))
+
+
+def _elements_stay(call, scope) -> bool:
+    """Whether what `call` builds is only counted, asked for membership or grown (by itself,
+    or through the one name it is bound to): then ints in place of the tensor's elements
+    change nothing but the hashing. Elements that may leave it (iterated, returned, passed
+    on, popped) may meet a tensor method there (`k.item()`), which an int lacks: a fix could
+    break a working program, so the finding is left unfixed."""
+    parents = {}
+    for node in walk_all(scope.node):
+        for child in nodes.children(node):
+            parents[id(child)] = node
+    use = _use(call, parents)
+    if type(use) is not nodes.Name:
+        return use == "kept"
+    for node in walk_all(scope.node):
+        if type(node) is nodes.Name and node.value == use.value and node is not use and \
+                type(parents.get(id(node))) is not nodes.AssignTarget and \
+                _use(node, parents) != "kept":
+            return False
+    return True
+
+
+def _use(node, parents):
+    """"kept" where `node`'s value is only counted or asked (`len(x)`, `b in x`, `x.add(b)`,
+    `x[b]`), the name it is bound to (`x = node`), else None."""
+    parent = parents.get(id(node))
+    kind = type(parent)
+    if kind is nodes.Arg:
+        outer = parents.get(id(parent))
+        if type(outer) is nodes.Call and type(outer.func) is nodes.Name and \
+                outer.func.value in ("len", "bool"):
+            return "kept"
+    elif kind is nodes.ComparisonTarget:
+        if type(parent.operator) in (nodes.In, nodes.NotIn):
+            return "kept"
+    elif kind is nodes.Attribute:
+        if parent.attr.value in _ASKED and type(parents.get(id(parent))) is nodes.Call:
+            return "kept"
+    elif kind is nodes.Subscript:
+        return "kept"
+    elif kind is nodes.Assign and len(parent.targets) == 1:
+        target = parent.targets[0].target
+        if type(target) is nodes.Name:
+            return target
+    return None
 
 
 def check_comparison(node, scope, ctx):

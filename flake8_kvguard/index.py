@@ -160,22 +160,10 @@ class ProjectIndex:
         """The effects.py summary of `cls.method` (through the bases the index knows)
         where it releases ids; "" where no class on the way does (all of them the
         project's); None when a base outside the project may."""
-        defined = self.releases.get(method, {})
-        seen = set()
-        queue = [cls]
-        while queue:
-            current = queue.pop(0)
-            if current in seen or len(seen) > 20:
-                continue
-            seen.add(current)
-            found = self.bases.get(current)
-            if found is None:
-                return None
-            code = defined.get(current)
-            if code is not None:
-                return code
-            queue.extend(found)
-        return "" if seen else None  # every class on the way is the project's
+        code, complete = self._first_defined(cls, self.releases.get(method, {}))
+        if code is not None:
+            return code
+        return "" if complete else None  # "": every class on the way is the project's
 
     def release_names(self):
         """Method names some class of the project releases ids with (effects.py)."""
@@ -185,7 +173,14 @@ class ProjectIndex:
         """ "t" when `cls.method` takes ids as a tensor, "n" when it is annotated to take
         something else, None when unknown (no such class or method, or an ambiguous one);
         methods are looked up through the bases the index knows."""
-        defined = self.defined_by(method)
+        takes, _ = self._first_defined(cls, self.defined_by(method))
+        return takes if takes != "?" else None
+
+    def _first_defined(self, cls: str, defined: dict):
+        """`defined`'s value for the first of `cls` and its bases (breadth first) that has
+        one, and whether the walk stayed inside the project: (value, True) when found,
+        (None, False) at a base the index does not know, (None, True) when no class on
+        the way has one."""
         seen = set()
         queue = [cls]
         while queue:
@@ -193,14 +188,14 @@ class ProjectIndex:
             if current in seen or len(seen) > 20:
                 continue
             seen.add(current)
-            found = self.bases.get(current)
-            if found is None:
-                return None  # a base outside the project may define it
-            takes = defined.get(current)
-            if takes is not None:
-                return takes if takes != "?" else None
-            queue.extend(found)
-        return None
+            bases = self.bases.get(current)
+            if bases is None:
+                return None, False  # a base outside the project may define it
+            value = defined.get(current)
+            if value is not None:
+                return value, True
+            queue.extend(bases)
+        return None, True
 
 
 class CachedIndex(ProjectIndex):

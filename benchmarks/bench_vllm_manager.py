@@ -48,7 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvguard  # noqa: E402
 from bench_guard import wrappers  # noqa: E402  (one OpenBLAS thread from here: see there)
 from kvguard.guard import shadowing  # noqa: E402
-from kvguard.owners import holding  # noqa: E402
+from kvguard import boundaries  # noqa: E402
 from kvguard.staging import StagingConfig  # noqa: E402
 
 BLOCK_SIZE = 16
@@ -92,11 +92,8 @@ def make_workload(requests: int, seed: int = 0) -> list:
             for _ in range(requests)]
 
 
-def schedule(manager, pool, workload, max_running: int = 128, owners: bool = False) -> int:
-    """Run the workload to completion; returns the number of scheduler steps. With ``owners``
-    each call for a request runs as its holder (``kvguard.owners.holding``), as the vLLM
-    adapter's request boundaries make it under the plugin and in staging."""
-    as_request = holding if owners else _no_holder
+def schedule(manager, pool, workload, max_running: int = 128) -> int:
+    """Run the workload to completion; returns the number of scheduler steps."""
     waiting = collections.deque(enumerate(workload))
     running = {}  # request id -> [tokens so far, tokens left to generate, prompt tokens]
     order = []    # running request ids, oldest first (the newest is preempted first)
@@ -114,21 +111,18 @@ def schedule(manager, pool, workload, max_running: int = 128, owners: bool = Fal
             need = get_num(rid, tokens, [], tokens, 0, tokens)
             while need > pool.get_num_free_blocks() and order:
                 victim = order.pop()  # recomputed later: prompt and output so far re-prefilled
-                with as_request(victim):
-                    manager.free(victim)
+                manager.free(victim)
                 done, left, _ = running.pop(victim)
                 waiting.appendleft((victim, (done, left, False)))
                 if victim == rid:
                     break
             if rid not in running:
                 continue
-            with as_request(rid):
-                allocate(rid, tokens, tokens)
+            allocate(rid, tokens, tokens)
             state[0] = tokens
             state[1] -= 1
             if state[1] <= 0:
-                with as_request(rid):
-                    manager.free(rid)
+                manager.free(rid)
                 del running[rid]
                 order.remove(rid)
         # Admit: a prefix hit takes a reference to a running request's full blocks (touch).
@@ -145,16 +139,32 @@ def schedule(manager, pool, workload, max_running: int = 128, owners: bool = Fal
             if need > pool.get_num_free_blocks():
                 break
             waiting.popleft()
-            with as_request(rid):
-                manager.add_local_computed_blocks(rid, hit, computed, 0)
-                allocate(rid, prompt, prompt)
+            manager.add_local_computed_blocks(rid, hit, computed, 0)
+            allocate(rid, prompt, prompt)
             running[rid] = [prompt, output, prompt]
             order.append(rid)
     return steps
 
 
-def _no_holder(rid):
-    return contextlib.nullcontext()
+REQUEST_BOUNDARIES = ("allocate_new_blocks", "add_local_computed_blocks", "free")
+"""The manager's methods that act for the request named by their first argument: with owners
+each is a request boundary (``kvguard.boundaries``), installed as the vLLM adapter installs
+``KVCacheManager.allocate_slots`` and ``free``, so a call runs as its request's holder."""
+
+
+@contextlib.contextmanager
+def request_boundaries(manager_class, owners: bool):
+    if not owners:
+        yield
+        return
+    for name in REQUEST_BOUNDARIES:  # on the class that defines it (the base, for some)
+        owner = next(cls for cls in manager_class.__mro__ if name in vars(cls))
+        boundaries.declare(owner, **{name: boundaries.request_id_arg(0)})
+    boundaries.instrument()
+    try:
+        yield
+    finally:
+        boundaries.uninstrument()
 
 
 def timed(make, workload, guard_options, pure=False, owners=False):
@@ -162,13 +172,14 @@ def timed(make, workload, guard_options, pure=False, owners=False):
     with wrappers(pure):
         guard = kvguard.guard(pool, **guard_options) if guard_options is not None else None
     gc.collect()
-    gc.disable()
-    try:
-        t0 = time.thread_time()
-        steps = schedule(manager, pool, workload, owners=owners)
-        elapsed = time.thread_time() - t0
-    finally:
-        gc.enable()
+    with request_boundaries(type(manager), owners):
+        gc.disable()
+        try:
+            t0 = time.thread_time()
+            steps = schedule(manager, pool, workload)
+            elapsed = time.thread_time() - t0
+        finally:
+            gc.enable()
     if guard is not None:
         assert guard.violations == [], guard.violations[:1]
         assert guard.live == {}, "every request was freed"
@@ -180,7 +191,14 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--blocks", type=int, default=4096)
+    parser.add_argument("--instructions", action="store_true",
+                        help="count instructions under valgrind instead of timing (steadier "
+                             "than time on a shared machine; slow: use --requests 300)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # one variant, under valgrind
+    parser.add_argument("--runs", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.instructions:
+        return count_instructions(args)
     import pytest
 
     from tests.kvguard.adapters import engines
@@ -212,6 +230,12 @@ def main() -> int:
         # "raw +owners" is the engine with the holder set and no guard: the boundary's own
         # cost, and the baseline the guard's cost with owners active is measured against.
         variants.update({f"{name} +owners": variants[name] for name in list(variants)})
+        if args.child is not None:
+            for _ in range(args.runs):
+                _, steps, _ = timed(make, workload, variants[args.child],
+                                    "[pure]" in args.child, args.child.endswith("+owners"))
+            print(f"steps {steps}")
+            return 0
         best = {name: None for name in variants}
         for _ in range(args.rounds):
             for name, options in variants.items():
@@ -238,11 +262,68 @@ def main() -> int:
             added = (elapsed - base) / steps * 1e6
             print(f"  {name:<34} +{added:.1f} us per step, {elapsed / base:.2f}x the manager's "
                   f"own time" + (" (with its holders set)" if base is raw_owners else ""))
+        print("  with owners active against today (the boundaries and the guard together):")
+        for name, (elapsed, _, _) in best.items():
+            if name.endswith(" +owners") and not name.startswith("raw"):
+                today = best[name[:-len(" +owners")]][0]
+                print(f"  {name:<34} {elapsed / today:.2f}x today's "
+                      f"({(elapsed - today) / steps * 1e6:+.1f} us per step)")
     finally:
         modules.close()
     return 0
 
 
+COUNTED = ("raw", "raw +owners", "stacks off", "stacks off +owners", "stacks cheap",
+           "stacks cheap +owners", "staging (log, SAMPLE=100)", "staging (log, SAMPLE=100) +owners")
+
+
+def count_instructions(args) -> int:
+    """Each variant in a child process under valgrind's cachegrind, running the workload once
+    and twice: the difference is one run's instructions, start-up taken out. The same count
+    run after run, whatever else the machine does; instructions are not time (a cache miss
+    costs more than an add), so this is beside the timed figures, not instead of them."""
+    import re
+    import shutil
+    import subprocess
+    if shutil.which("valgrind") is None:
+        print("bench_vllm_manager: valgrind is not on PATH (it counts the instructions)",
+              file=sys.stderr)
+        return 2
+
+    def count(name: str, runs: int):
+        out = subprocess.run(
+            ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
+             sys.executable, os.path.abspath(__file__), "--child", name, "--runs", str(runs),
+             "--requests", str(args.requests), "--blocks", str(args.blocks)],
+            capture_output=True, text=True, check=True,
+            env={**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"})
+        found = re.search(r"I\s+refs:\s+([\d,]+)", out.stderr)
+        steps = re.search(r"steps (\d+)", out.stdout)
+        if found is None or steps is None:
+            raise SystemExit(f"bench_vllm_manager: no count in valgrind's output:\n"
+                             f"{out.stderr[-2000:]}{out.stdout[-2000:]}")
+        return int(found.group(1).replace(",", "")), int(steps.group(1))
+
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # each child one process
+        counts = {(name, runs): pool.submit(count, name, runs)
+                  for name in COUNTED for runs in (1, 2)}
+        per_step = {}
+        for name in COUNTED:
+            (once, steps), (twice, _) = counts[name, 1].result(), counts[name, 2].result()
+            per_step[name] = (twice - once) / steps
+    print(f"vLLM 0.33.0 FullAttentionManager + BlockPool: {args.requests} requests, {steps} "
+          f"scheduler steps; instructions per step (valgrind cachegrind, one run's count)")
+    raw, raw_owners = per_step["raw"], per_step["raw +owners"]
+    print(f"  raw: {raw:,.0f}; holders set at the request boundary (no guard): "
+          f"{raw_owners:,.0f} ({raw_owners / raw:.3f}x)")
+    for name in COUNTED[2::2]:
+        today, owners = per_step[name], per_step[name + " +owners"]
+        print(f"  {name:<26} {today / raw:.3f}x raw; +owners {owners / raw_owners:.3f}x raw "
+              f"with holders set, {owners / today:.3f}x today's")
+    return 0
+
+
 if __name__ == "__main__":
     import results  # --write-docs: what this prints becomes its section of docs/cost.md
-    sys.exit(results.main(main))
+    sys.exit(results.main(main, modes=("--instructions",)))

@@ -85,13 +85,16 @@ def write(name: str, command: str, output: str, page: Path = PAGE) -> None:
     page.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
 
 
-def main(run, argv: list | None = None) -> int:
-    """Run a benchmark's ``main``; with ``--write-docs``, also write what it printed."""
+def main(run, argv: list | None = None, modes: tuple = ()) -> int:
+    """Run a benchmark's ``main``; with ``--write-docs``, also write what it printed. A flag in
+    ``modes`` (``--instructions``) measures something else: its run gets a section of its own,
+    named ``NAME-instructions``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     record = FLAG in argv
     argv = [a for a in argv if a != FLAG]
     script = Path(sys.argv[0]).name
-    name = script.removesuffix(".py")
+    name = script.removesuffix(".py") + "".join(
+        "-" + mode.lstrip("-") for mode in modes if mode in argv)
     if not record:
         sys.argv[1:] = argv
         return int(run() or 0)

@@ -1102,6 +1102,419 @@ get_slot(SlotCache *sc, PyObject *obj, PyObject *name)
 
 #define SLOT_PAIRS 4  /* keeps_all identities with a cache each; more are read by getattr */
 
+/* --- the holder slot ------------------------------------------------------------------------ */
+
+/* [owners] The holder an engine's request boundary set on this thread, or -1: none, the context
+   variable ACTIVE_HOLDER says. A boundary runs synchronously (nothing else runs on its thread
+   until it returns), so a thread's own slot is enough there, and saving and restoring a C
+   integer costs nothing beside the context variable's set and reset, which allocate. A
+   ``kvguard.owner`` entered inside a boundary clears the slot for its block (swap_holder(-1)),
+   so the innermost of the two always decides. */
+static _Thread_local long long holder_slot = -1;
+static PyObject *holder_var_bound = NULL;   /* ACTIVE_HOLDER (bind_holders) */
+static PyObject *owner_index = NULL;        /* OWNERS.index: label -> number */
+static PyObject *owner_intern = NULL;       /* OWNERS.intern(label) -> number */
+
+/* The holder's number for ``label`` (0 for None), interned as OWNERS.intern does; -1 with an
+   error set. */
+static long long
+holder_index(PyObject *label)
+{
+    PyObject *n;
+    long long out;
+    int valid;
+    if (label == Py_None)
+        return 0;
+    if (owner_index == NULL || owner_intern == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "kvguard._fastpath: bind_holders() was not called");
+        return -1;
+    }
+    n = PyDict_GetItemWithError(owner_index, label);  /* borrowed */
+    if (n != NULL) {
+        out = as_ll(n, &valid);
+        if (valid && out >= 0 && out <= 0xFFFFFFFFLL)
+            return out;
+    }
+    else if (PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_TypeError))  /* unhashable: intern() uses its repr */
+            return -1;
+        PyErr_Clear();
+    }
+    n = PyObject_CallOneArg(owner_intern, label);
+    if (n == NULL)
+        return -1;
+    out = as_ll(n, &valid);
+    Py_DECREF(n);
+    if (!valid || out < 0 || out > 0xFFFFFFFFLL) {
+        PyErr_SetString(PyExc_TypeError, "OWNERS.intern() must return a small int");
+        return -1;
+    }
+    return out;
+}
+
+static PyObject *
+fp_bind_holders(PyObject *mod, PyObject *args)
+{
+    PyObject *var, *index, *intern;
+    if (!PyArg_ParseTuple(args, "O!O!O:bind_holders", &PyContextVar_Type, &var, &PyDict_Type,
+                          &index, &intern))
+        return NULL;
+    if (!PyCallable_Check(intern)) {
+        PyErr_SetString(PyExc_TypeError, "bind_holders: intern must be callable");
+        return NULL;
+    }
+    Py_XSETREF(holder_var_bound, Py_NewRef(var));
+    Py_XSETREF(owner_index, Py_NewRef(index));
+    Py_XSETREF(owner_intern, Py_NewRef(intern));
+    Py_RETURN_NONE;
+}
+
+/* The holder in force: this thread's slot when a boundary set it, else ``var``'s value (0 when
+   unset); -1 with an error set. A value that is not a small int reads as 0 with *exact 0. */
+static long long
+holder_in_force(PyObject *var, int *exact)
+{
+    PyObject *v = NULL;
+    long long out;
+    int valid;
+    *exact = 1;
+    if (holder_slot >= 0)
+        return holder_slot;
+    if (var == NULL)
+        return 0;
+    if (holder_var_bound == NULL) {
+        /* kvguard.owners keeps its slot in Python (KVGUARD_PURE=1, and a test using these
+           wrappers all the same): ask it */
+        static PyObject *py_holder_now = NULL;
+        if (py_holder_now == NULL) {
+            PyObject *owners = PyImport_ImportModule("kvguard.owners");
+            if (owners == NULL)
+                return -1;
+            py_holder_now = PyObject_GetAttrString(owners, "holder_now");
+            Py_DECREF(owners);
+            if (py_holder_now == NULL)
+                return -1;
+        }
+        v = PyObject_CallNoArgs(py_holder_now);
+        if (v == NULL)
+            return -1;
+    }
+    else if (PyContextVar_Get(var, NULL, &v) < 0)
+        return -1;
+    if (v == NULL)
+        return 0;
+    out = as_ll(v, &valid);
+    Py_DECREF(v);
+    *exact = valid && out >= 0 && out <= 0xFFFFFFFFLL;
+    return *exact ? out : 0;
+}
+
+static PyObject *
+fp_holder_now(PyObject *mod, PyObject *unused)
+{
+    int exact;
+    long long h = holder_in_force(holder_var_bound, &exact);
+    if (h < 0 && PyErr_Occurred())
+        return NULL;
+    return PyLong_FromLongLong(h);
+}
+
+static PyObject *
+fp_swap_holder(PyObject *mod, PyObject *arg)
+{
+    long long old = holder_slot, v;
+    int overflow = 0;
+    if (!PyLong_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "swap_holder() takes an int");
+        return NULL;
+    }
+    v = PyLong_AsLongLongAndOverflow(arg, &overflow);
+    if (v == -1 && PyErr_Occurred())
+        return NULL;
+    if (overflow || v < -1 || v > 0xFFFFFFFFLL) {
+        PyErr_SetString(PyExc_ValueError, "swap_holder(): -1 or a holder's number");
+        return NULL;
+    }
+    holder_slot = v;
+    return PyLong_FromLongLong(old);
+}
+
+static PyMethodDef fastpath_functions[] = {
+    {"bind_holders", fp_bind_holders, METH_VARARGS,
+     "bind_holders(ACTIVE_HOLDER, OWNERS.index, OWNERS.intern): where holders are read."},
+    {"holder_now", fp_holder_now, METH_NOARGS,
+     "The holder in force on this thread: a boundary's, else ACTIVE_HOLDER's (0: none)."},
+    {"swap_holder", fp_swap_holder, METH_O,
+     "swap_holder(n) -> old: set this thread's boundary holder (-1: none), return the old one."},
+    {NULL, NULL, 0, NULL},
+};
+
+/* ``with holding(request_id):`` the holder of a synchronous block (an engine adapter's request
+   boundary): the label interned once, the slot saved and set on entry, restored on exit. */
+typedef struct {
+    PyObject_HEAD
+    long long index, saved;
+} Holding;
+
+static PyObject *
+holding_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *label;
+    Holding *self;
+    long long index;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds) != 0) {
+        PyErr_SetString(PyExc_TypeError, "holding() takes no keyword arguments");
+        return NULL;
+    }
+    if (!PyArg_UnpackTuple(args, "holding", 1, 1, &label))
+        return NULL;
+    index = holder_index(label);
+    if (index < 0)
+        return NULL;
+    self = (Holding *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->index = index;
+    self->saved = -1;
+    return (PyObject *)self;
+}
+
+/* ``holding(label)`` without building an argument tuple (called once per request per step). */
+static PyObject *
+holding_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    Holding *self;
+    long long index;
+    if (nargs != 1 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0)) {
+        PyErr_SetString(PyExc_TypeError, "holding() takes exactly one argument (the holder)");
+        return NULL;
+    }
+    index = holder_index(args[0]);
+    if (index < 0)
+        return NULL;
+    self = (Holding *)((PyTypeObject *)type)->tp_alloc((PyTypeObject *)type, 0);
+    if (self == NULL)
+        return NULL;
+    self->index = index;
+    self->saved = -1;
+    return (PyObject *)self;
+}
+
+static PyObject *
+holding_enter(Holding *self, PyObject *unused)
+{
+    self->saved = holder_slot;
+    holder_slot = self->index;
+    return Py_NewRef(self);
+}
+
+static PyObject *
+holding_exit(Holding *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    holder_slot = self->saved;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef holding_methods[] = {
+    {"__enter__", (PyCFunction)holding_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)(void (*)(void))holding_exit, METH_FASTCALL, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef holding_members[] = {
+    {"index", T_LONGLONG, offsetof(Holding, index), READONLY, "the holder's interned number"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject Holding_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "kvguard._fastpath.Holding",
+    .tp_basicsize = sizeof(Holding),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "holding(label): run a synchronous block as the holder ``label`` "
+              "(the holding of kvguard's owners module).",
+    .tp_methods = holding_methods,
+    .tp_members = holding_members,
+    .tp_new = holding_new,
+    .tp_vectorcall = holding_vectorcall,
+};
+
+/* A request boundary: an engine method run as the holder one of its arguments names
+   (``Boundary(original, skip, position, name, attr)``: the argument at ``skip + position`` or
+   passed as ``name``, its attribute ``attr`` when not None). Installed on the class, so it binds
+   like a function; ``skip`` is 1 there (the instance comes first). A reader that fails, or a
+   holder of None, runs the method as it is. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *dict;
+    PyObject *original, *name, *attr;
+    Py_ssize_t skip, pos;
+} Boundary;
+
+static PyObject *
+boundary_label(Boundary *b, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *value = NULL;
+    Py_ssize_t i, nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (b->pos >= 0 && nargs > b->skip + b->pos)
+        value = args[b->skip + b->pos];
+    else if (b->name != Py_None) {
+        for (i = 0; i < nkw && value == NULL; i++) {
+            PyObject *k = PyTuple_GET_ITEM(kwnames, i);
+            if (k == b->name || (PyUnicode_Check(k) && PyUnicode_Compare(k, b->name) == 0))
+                value = args[nargs + i];
+        }
+    }
+    if (value == NULL)
+        return NULL;
+    if (b->attr == Py_None)
+        return Py_NewRef(value);
+    value = PyObject_GetAttr(value, b->attr);
+    if (value == NULL)
+        PyErr_Clear();  /* not this engine's request: the method decides */
+    return value;
+}
+
+static PyObject *
+boundary_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Boundary *b = (Boundary *)self;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *label = boundary_label(b, args, nargs, kwnames), *result;
+    long long index, saved;
+    if (b->original == NULL) {
+        Py_XDECREF(label);
+        PyErr_SetString(PyExc_RuntimeError, "Boundary was cleared");
+        return NULL;
+    }
+    if (label == NULL || label == Py_None) {
+        Py_XDECREF(label);
+        return PyObject_Vectorcall(b->original, args, nargsf, kwnames);
+    }
+    index = holder_index(label);
+    Py_DECREF(label);
+    if (index < 0) {
+        PyErr_Clear();  /* kvguard's own failure never breaks the engine's call */
+        return PyObject_Vectorcall(b->original, args, nargsf, kwnames);
+    }
+    saved = holder_slot;
+    holder_slot = index;
+    result = PyObject_Vectorcall(b->original, args, nargsf, kwnames);
+    holder_slot = saved;
+    return result;
+}
+
+static PyObject *
+boundary_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"original", "skip", "position", "name", "attr", NULL};
+    PyObject *original, *name = Py_None, *attr = Py_None;
+    Py_ssize_t skip = 1, pos = -1;
+    Boundary *b;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|nnOO:Boundary", kwlist, &original, &skip,
+                                     &pos, &name, &attr))
+        return NULL;
+    if (!PyCallable_Check(original) || skip < 0 || pos < -1
+        || (name != Py_None && !PyUnicode_Check(name))
+        || (attr != Py_None && !PyUnicode_Check(attr))) {
+        PyErr_SetString(PyExc_TypeError, "Boundary(original callable, skip >= 0, position >= -1, "
+                        "name str or None, attr str or None)");
+        return NULL;
+    }
+    b = (Boundary *)type->tp_alloc(type, 0);
+    if (b == NULL)
+        return NULL;
+    b->vectorcall = boundary_vectorcall;
+    b->original = Py_NewRef(original);
+    b->name = Py_NewRef(name);
+    b->attr = Py_NewRef(attr);
+    b->skip = skip;
+    b->pos = pos;
+    return (PyObject *)b;
+}
+
+static int
+boundary_traverse(Boundary *b, visitproc visit, void *arg)
+{
+    Py_VISIT(b->dict);
+    Py_VISIT(b->original);
+    Py_VISIT(b->name);
+    Py_VISIT(b->attr);
+    return 0;
+}
+
+static int
+boundary_clear(Boundary *b)
+{
+    Py_CLEAR(b->dict);
+    Py_CLEAR(b->original);
+    Py_CLEAR(b->name);
+    Py_CLEAR(b->attr);
+    return 0;
+}
+
+static void
+boundary_dealloc(Boundary *b)
+{
+    PyObject_GC_UnTrack(b);
+    boundary_clear(b);
+    Py_TYPE(b)->tp_free((PyObject *)b);
+}
+
+static PyObject *
+boundary_call(PyObject *self, PyObject *args, PyObject *kwds)
+{
+    Boundary *b = (Boundary *)self;
+    if (b->original == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Boundary was cleared");
+        return NULL;
+    }
+    return PyVectorcall_Call(self, args, kwds);
+}
+
+/* Bound like a function: ``instance.method`` is a bound method of the boundary. */
+static PyObject *
+boundary_descr_get(PyObject *self, PyObject *obj, PyObject *type)
+{
+    if (obj == NULL || obj == Py_None)
+        return Py_NewRef(self);
+    return PyMethod_New(self, obj);
+}
+
+static PyObject *
+boundary_get_original(Boundary *b, void *closure)
+{
+    return Py_NewRef(b->original ? b->original : Py_None);
+}
+
+static PyGetSetDef boundary_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {"original", (getter)boundary_get_original, NULL, "the method this boundary runs", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject Boundary_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "kvguard._fastpath.Boundary",
+    .tp_basicsize = sizeof(Boundary),
+    .tp_dealloc = (destructor)boundary_dealloc,
+    .tp_vectorcall_offset = offsetof(Boundary, vectorcall),
+    .tp_call = boundary_call,
+    .tp_descr_get = boundary_descr_get,
+    .tp_getattro = PyObject_GenericGetAttr,
+    .tp_setattro = PyObject_GenericSetAttr,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL
+                | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_doc = "A request boundary: the method run as the holder its call names.",
+    .tp_traverse = (traverseproc)boundary_traverse,
+    .tp_clear = (inquiry)boundary_clear,
+    .tp_getset = boundary_getset,
+    .tp_dictoffset = offsetof(Boundary, dict),
+    .tp_new = boundary_new,
+};
+
 /* --- the wrapper object ------------------------------------------------------------------- */
 
 enum { KIND_FREE = 0, KIND_SHARE = 1, KIND_ALLOC = 2 };
@@ -1630,25 +2043,13 @@ unpack_hot(PyObject *hot, Hot *h)
     return 1;
 }
 
-/* The holder of this call (ACTIVE_HOLDER's value) as a C integer: 0 for none; -1 with an error
-   set. A value that is not a small exact int (never set so by kvguard) reads as "unknown": the
+/* The holder of this call (this thread's boundary slot, else ACTIVE_HOLDER's value) as a C
+   integer: 0 for none; -1 with an error set. A value that is not a small exact int (never set so by kvguard) reads as "unknown": the
    call goes careful, where the ledger's own methods decide. */
 static long long
 holder_now(Hot *h, int *exact)
 {
-    PyObject *v = NULL;
-    long long out;
-    int valid;
-    if (PyContextVar_Get(h->holder_var, NULL, &v) < 0)
-        return -1;
-    if (v == NULL) {
-        *exact = 1;
-        return 0;
-    }
-    out = as_ll(v, &valid);
-    Py_DECREF(v);
-    *exact = valid && out >= 0 && out <= 0xFFFFFFFFLL;
-    return *exact ? out : 0;
+    return holder_in_force(h->holder_var, exact);
 }
 
 /* Whether block ``b`` is a key of the sparse map ``map`` (1, 0, or -1 with an error set). The
@@ -3374,6 +3775,7 @@ static struct PyModuleDef fastpath_module = {
     .m_name = "kvguard._fastpath",
     .m_doc = "The guard's fast-path wrappers in C (optional; the closures are the reference).",
     .m_size = -1,
+    .m_methods = fastpath_functions,
 };
 
 #define INTERN(var, text) \
@@ -3413,7 +3815,8 @@ PyInit__fastpath(void)
         return NULL;
     /* each type readied and added under the last part of its tp_name */
     if (PyModule_AddType(m, &Wrapper_Type) < 0 || PyModule_AddType(m, &GuardLock_Type) < 0 ||
-        PyModule_AddType(m, &Counters_Type) < 0 || PyModule_AddType(m, &Recorder_Type) < 0) {
+        PyModule_AddType(m, &Counters_Type) < 0 || PyModule_AddType(m, &Recorder_Type) < 0 ||
+        PyModule_AddType(m, &Holding_Type) < 0 || PyModule_AddType(m, &Boundary_Type) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -19,8 +19,9 @@ from __future__ import annotations
 import functools
 import sys
 import threading
+import types
 
-from .owners import holding
+from .owners import Boundary, holding
 
 _declared: dict[str, dict] = {}  # dotted class name -> {method: (role, reader)}
 _installed: dict[tuple, object] = {}  # (class, method) -> the function it had
@@ -82,6 +83,7 @@ def request_arg(position: int, name: str = "request", attr: str = "request_id"):
     def holder_of(args, kwargs):
         request = args[position] if len(args) > position else kwargs.get(name)
         return getattr(request, attr, None)
+    holder_of.shape = (position, name, attr)
     return holder_of
 
 
@@ -89,6 +91,7 @@ def request_id_arg(position: int, name: str = "request_id"):
     """The holder passed as a plain request id at ``position`` (or as ``name``)."""
     def holder_of(args, kwargs):
         return args[position] if len(args) > position else kwargs.get(name)
+    holder_of.shape = (position, name, None)
     return holder_of
 
 
@@ -156,6 +159,16 @@ def install_if_imported(name: str) -> None:
 
 def _wrap(role, reader, original):
     if role == "holder":
+        shape = getattr(reader, "shape", None)
+        if shape is not None and isinstance(original, types.FunctionType):
+            # The common shapes (``request_arg``, ``request_id_arg``) read in one call:
+            # compiled where ``kvguard._fastpath`` is built, the slot saved and restored.
+            position, name, attr = shape
+            boundary = Boundary(original, 1, position, name, attr)
+            functools.update_wrapper(boundary, original)
+            boundary.__kvguard_boundary__ = True
+            return boundary
+
         @functools.wraps(original)
         def as_holder(*args, **kwargs):
             try:

@@ -30,8 +30,8 @@ INSTRUMENT = "instrument"
 _functions: dict = {}  # (class that defines it, name) -> the engine's function
 _dispatchers: dict = {}  # (class, name) -> the dispatcher put on it
 _holders: dict = {}  # (class, name) -> set of holder tokens
-_dead: list = []  # tokens of guards collected while the lock was held (let go of later)
-_lock = threading.Lock()
+_dead: list = []  # tokens let go of, not settled yet (by whoever holds the lock next)
+_lock = threading.RLock()  # reentrant only so that let_go can tell it holds it already
 
 
 def hold(cls: type, names, token) -> None:
@@ -47,15 +47,16 @@ def hold(cls: type, names, token) -> None:
 
 def let_go(token) -> None:
     """``token`` no longer holds its dispatchers: the last holder's go put the function back.
-    Safe from a finalizer: when the lock is busy (this thread, or another), done later."""
-    if not _lock.acquire(blocking=False):
-        _dead.append(token)
+    Safe from a finalizer: inside ``hold()`` on this thread (a collection there), the token
+    waits in ``_dead`` for that ``hold()`` to settle it. Safe from a signal handler raising
+    anywhere: the lock is only taken by ``with``, which gives it back however the block ends
+    (a ``try`` after a non-blocking ``acquire()`` leaves a window where it is lost for good,
+    and every later ``kvguard.guard()`` waits on it forever)."""
+    _dead.append(token)
+    if _lock._is_owned():
         return
-    try:
-        _dead.append(token)
+    with _lock:
         _settle()
-    finally:
-        _lock.release()
 
 
 def held() -> dict:

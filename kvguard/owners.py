@@ -11,9 +11,17 @@ Two things are told apart, because they answer two questions:
   free of a request whose block was already handed on.
 
 ``with kvguard.owner(label):`` sets both (a user's own request label). The engines' adapters
-set the holder alone at the request boundary (``holding``), so a test's label still attributes
-what its requests leak; the plugin sets the label alone (``labelled``). Labels are interned to
-small ints so a site key stays a tuple of ints.
+set the holder alone at the request boundary (``holding``, ``Boundary``), so a test's label
+still attributes what its requests leak; the plugin sets the label alone (``labelled``). Labels
+are interned to small ints so a site key stays a tuple of ints.
+
+A boundary is synchronous: nothing else runs on its thread until it returns. So it sets the
+holder in a per-thread slot (one C integer saved and restored with the compiled part, else a
+``threading.local``), not in the context variable, whose set and reset allocate and cost as
+much as the manager's own work per request. ``holder_now()`` reads the slot, else the context
+variable; ``kvguard.owner`` entered inside a boundary clears the slot for its block, so the
+innermost of the two decides. Asyncio tasks and threads inherit the context variable
+(``follow_threads`` carries the holder in force).
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ from __future__ import annotations
 from contextvars import ContextVar
 
 import threading
+
+from .compiled import FASTPATH
 
 ACTIVE_OWNER: ContextVar = ContextVar("kvguard_owner", default=0)
 """The interned number of the owner active in this context (0: none). The guard's fast paths
@@ -84,13 +94,16 @@ class owner:
         self._tokens = None
 
     def __enter__(self):
+        holder = self._sets_holder
         self._tokens = (ACTIVE_OWNER.set(self._index) if self._sets_label else None,
-                        ACTIVE_HOLDER.set(self._index) if self._sets_holder else None)
+                        ACTIVE_HOLDER.set(self._index) if holder else None,
+                        swap_holder(-1) if holder else None)  # inside a boundary: this decides
         return self
 
     def __exit__(self, *exc) -> None:
-        label, holder = self._tokens
+        label, holder, slot = self._tokens
         if holder is not None:
+            swap_holder(slot)
             ACTIVE_HOLDER.reset(holder)
         if label is not None:
             ACTIVE_OWNER.reset(label)
@@ -104,32 +117,83 @@ class labelled(owner):
     _sets_holder = False
 
 
-class holding:
-    """``owner`` for the holder alone: what the engines' adapters set at the request boundary
-    (``holding(request.request_id)``), leaving the label (a test's node id) in place. Entered
-    once per request per engine step, so it is kept to one dictionary read and one context
-    variable set."""
+class _Slot(threading.local):
+    value = -1
 
-    __slots__ = ("_index", "_token")
+
+_SLOT = _Slot()
+
+
+def _py_holder_now() -> int:
+    """The holder in force on this thread (0: none): a boundary's, else ``ACTIVE_HOLDER``'s."""
+    value = _SLOT.value
+    return value if value >= 0 else ACTIVE_HOLDER.get()
+
+
+def _py_swap_holder(value: int) -> int:
+    """Set this thread's boundary holder (-1: none, the context variable decides); the old."""
+    old, _SLOT.value = _SLOT.value, value
+    return old
+
+
+class _PyHolding:
+    """``holding`` without the compiled part: the same slot, a ``threading.local``."""
+
+    __slots__ = ("index", "_saved")
 
     def __init__(self, label) -> None:
         try:
             index = _INDEX.get(label)
         except TypeError:  # unhashable: interned by its repr
             index = None
-        self._index = index or OWNERS.intern(label)
+        self.index = index if index is not None else OWNERS.intern(label)
 
     def __enter__(self):
-        self._token = ACTIVE_HOLDER.set(self._index)
+        self._saved, _SLOT.value = _SLOT.value, self.index
         return self
 
     def __exit__(self, *exc) -> None:
-        ACTIVE_HOLDER.reset(self._token)
+        _SLOT.value = self._saved
+
+
+def _py_boundary(original, skip: int = 1, position: int = -1, name=None, attr=None):
+    """``Boundary`` without the compiled part: ``original`` run as the holder its argument at
+    ``skip + position`` (or passed as ``name``; its attribute ``attr``) names."""
+    at = skip + position
+
+    def boundary(*args, **kwargs):
+        try:
+            value = args[at] if position >= 0 and len(args) > at else kwargs.get(name, None) \
+                if name is not None else None
+            label = value if attr is None or value is None else getattr(value, attr, None)
+            index = None if label is None else _PyHolding(label).index
+        except Exception:  # not this engine's request: the method decides
+            index = None
+        if index is None:
+            return original(*args, **kwargs)
+        saved, _SLOT.value = _SLOT.value, index
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _SLOT.value = saved
+    return boundary
+
+
+if FASTPATH is not None and hasattr(FASTPATH, "Boundary"):
+    FASTPATH.bind_holders(ACTIVE_HOLDER, _INDEX, OWNERS.intern)
+    holder_now, swap_holder = FASTPATH.holder_now, FASTPATH.swap_holder
+    holding, Boundary = FASTPATH.Holding, FASTPATH.Boundary
+else:
+    holder_now, swap_holder = _py_holder_now, _py_swap_holder
+    holding, Boundary = _PyHolding, _py_boundary
+# ``with holding(request_id):`` the holder alone, for a synchronous block: what the engines'
+# adapters set at the request boundary, leaving the label (a test's node id) in place. Entered
+# once per request per engine step: one dictionary read and a slot saved and restored.
 
 
 def current_holder() -> object:
     """The holder active in this context (None outside any holder)."""
-    return OWNERS.labels[ACTIVE_HOLDER.get()]
+    return OWNERS.labels[holder_now()]
 
 
 _thread_start = None
@@ -146,7 +210,7 @@ def follow_threads() -> None:
     original = threading.Thread.start
 
     def start(self, *args, **kwargs):
-        label, holder = ACTIVE_OWNER.get(), ACTIVE_HOLDER.get()
+        label, holder = ACTIVE_OWNER.get(), holder_now()
         if label or holder:
             run = self.run
 

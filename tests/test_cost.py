@@ -26,7 +26,7 @@ import results  # noqa: E402
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
 def test_every_benchmark_writes_its_own_section(script):
     source = script.read_text(encoding="utf-8")
-    assert "results.main(main)" in source, f"{script.name}: end with sys.exit(results.main(main))"
+    assert "results.main(main" in source, f"{script.name}: end with sys.exit(results.main(main))"
     page = PAGE.read_text(encoding="utf-8")
     assert f"<!-- bench: {script.stem} -->" in page and f"<!-- /bench: {script.stem} -->" in page
     docstring = source.split('"""')[1]
@@ -73,3 +73,21 @@ def test_a_benchmark_run_with_write_docs_records_what_it_printed(tmp_path):
     for line in out.stdout.strip().splitlines():
         assert line in section
     assert "<!-- bench: bench_staging -->" in page.read_text(), "the other sections are kept"
+
+
+def test_a_mode_flag_gets_a_section_of_its_own(tmp_path, monkeypatch, capsys):
+    page = tmp_path / "cost.md"
+    page.write_text("# Cost\n\n<!-- bench: bench_x -->\ntimed\n<!-- /bench: bench_x -->\n")
+    monkeypatch.setenv("KVGUARD_COST_PAGE", str(page))
+    monkeypatch.setattr(sys, "argv", ["benchmarks/bench_x.py"])
+
+    def run():
+        print("counted" if "--instructions" in sys.argv else "timed again")
+        return 0
+
+    assert results.main(run, ["--instructions", "--write-docs"], modes=("--instructions",)) == 0
+    text = page.read_text()
+    assert "timed\n" in text, "the timed section is left alone"
+    (section,) = re.findall(r"<!-- bench: bench_x-instructions -->.*?"
+                            r"<!-- /bench: bench_x-instructions -->", text, re.S)
+    assert "counted" in section and "--instructions" in section

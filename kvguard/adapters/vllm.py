@@ -24,6 +24,7 @@ Size ``num_gpu_blocks`` (the null block included), free count ``get_num_free_blo
 
 from __future__ import annotations
 
+from ..boundaries import request_arg, request_id_arg
 from ..marks import THE_ALLOCATOR, guard_of
 from ..spec import AllocatorSpec
 from .methods import adapter, freeing
@@ -116,15 +117,6 @@ KV_CACHE_MANAGER = "vllm.v1.core.kv_cache_manager.KVCacheManager"
 SCHEDULER = "vllm.v1.core.sched.scheduler.Scheduler"
 
 
-def _request_id(args, kwargs):
-    request = args[0] if args else kwargs.get("request")
-    return getattr(request, "request_id", None)
-
-
-def _request_id_arg(args, kwargs):
-    return args[0] if args else kwargs.get("request_id")
-
-
 def _pool_guard(scheduler):
     pool = getattr(getattr(scheduler, "kv_cache_manager", None), "block_pool", None)
     return guard_of(pool) if pool is not None else None
@@ -185,8 +177,8 @@ def _dropped(scheduler, args, kwargs) -> None:
 
 BOUNDARIES = {
     KV_CACHE_MANAGER: {
-        "allocate_slots": _request_id, "free": _request_id,
-        "remove_skipped_blocks": _request_id_arg,
+        "allocate_slots": request_arg(0), "free": request_arg(0),
+        "remove_skipped_blocks": request_id_arg(0),
     },
     SCHEDULER: {
         "schedule": ("begin", _scheduled),

@@ -9,7 +9,7 @@ same columns inline, in the same way; a differential test holds the two together
 from __future__ import annotations
 
 from ..ids import result_ids
-from ..owners import ACTIVE_HOLDER
+from ..owners import holder_now
 from ..spec import per_pool, read
 from .. import kinds
 from . import baseline, evidence, leases, selfcheck
@@ -84,7 +84,7 @@ def commit_allocation(guard, args, kwargs, result, site, method=None) -> None:
             v.extra["in_flight_steps"] = [repr(step) for step in leases.steps_using(
                 guard, ledger, v.block_ids[0])]
     clock = guard._tick()
-    ledger.allocate(fresh, clock, site, ACTIVE_HOLDER.get())
+    ledger.allocate(fresh, clock, site, holder_now())
     guard.stats.alloc_calls += 1
     guard.stats.blocks_allocated += len(fresh)
     if guard.history is not None:

@@ -9,7 +9,7 @@ aside), forwarded to the allocator and committed by ``bookkeeping``.
 from __future__ import annotations
 
 from ..ids import normalize
-from ..owners import ACTIVE_HOLDER, ACTIVE_OWNER
+from ..owners import ACTIVE_OWNER, holder_now
 from .arguments import MISSING
 from .bookkeeping import commit_allocation, commit_release, follow_allocator
 from .checker import check_release
@@ -61,7 +61,7 @@ def plan_release(guard, method, args, kwargs, value, what, site):
                      iterator_ok=spec.iterator_ok, consume=drains(guard), what=what)
     plan = check_release(ledger, norm, method=method, pool=pool, site=site, what=what,
                          share=method == spec.share, learn_shares=guard._learn_shares,
-                         refcount_attr=spec.refcount_attr, holder=ACTIVE_HOLDER.get())
+                         refcount_attr=spec.refcount_attr, holder=holder_now())
     if plan.faults:
         reject_faults(guard, plan)
     return plan

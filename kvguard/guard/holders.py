@@ -5,14 +5,14 @@ what that request holds.
 
 from __future__ import annotations
 
-from ..owners import ACTIVE_HOLDER, OWNERS
+from ..owners import OWNERS, swap_holder
 from .arguments import MISSING, Param
 
 
 def as_holder(guard, wrapper, method):
     """[owner_arg] ``wrapper`` run as the holder its call names (``AllocatorSpec.owner_arg``):
-    one context variable set around the guarded call, so the fast paths read it as they read
-    a holder an engine adapter set."""
+    the thread's holder slot set around the guarded call, as an engine adapter's boundary
+    sets it, so the fast paths read it the same way."""
     where = guard.spec.owner_arg
     if callable(where):
         read_owner = where
@@ -25,7 +25,7 @@ def as_holder(guard, wrapper, method):
             value = param.get(args, kwargs)
             return None if value is MISSING else value
 
-    intern, holder_var = OWNERS.intern, ACTIVE_HOLDER
+    intern = OWNERS.intern
 
     def holding(*args, **kwargs):
         try:
@@ -34,11 +34,11 @@ def as_holder(guard, wrapper, method):
             label = None
         if label is None:
             return wrapper(*args, **kwargs)
-        token = holder_var.set(intern(label))
+        saved = swap_holder(intern(label))
         try:
             return wrapper(*args, **kwargs)
         finally:
-            holder_var.reset(token)
+            swap_holder(saved)
 
     holding.__wrapped__ = getattr(wrapper, "__wrapped__", wrapper)
     holding.__kvguard__ = guard

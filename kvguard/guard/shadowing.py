@@ -21,9 +21,10 @@ import operator
 import threading
 
 from ..fastread import ITERATORS, KINDS
-from ..owners import ACTIVE_OWNER
+from ..owners import ACTIVE_OWNER, holder_now
 from ..stacks import SITES, SiteTable
-from . import careful, compiled
+from .. import compiled
+from . import careful
 from .arguments import MISSING, Param
 from .careful import alloc_slow
 from .decisions import contain
@@ -162,7 +163,7 @@ def wrap_release(guard, original, method, param, share):
                     hot = None
                 if hot is not None:
                     (stamp, origin, freed_at, ref, uncertain, pool, held_by, holders, _,
-                     holder_var, shared_by, released_by) = hot
+                     _, shared_by, released_by) = hot
                     n = len(ids)
                     if n == 1:  # one id per call is common: no loop, no set
                         b = ids[0]
@@ -182,7 +183,7 @@ def wrap_release(guard, original, method, param, share):
                             if type(count) is not int or not 0 < count <= INT32_MAX:
                                 ok = False
                                 break
-                    h = holder_var.get()
+                    h = holder_now()
                     mixed = False
                     if ok and (h or holders):
                         # [owners] A release of a block the holder does not hold is the
@@ -300,8 +301,7 @@ def wrap_alloc(guard, original):
                 except Exception:  # the slow path reads it again, under _protect
                     hot = None
                 if hot is not None:
-                    stamp, origin, _, ref, uncertain, pool, held_by, holders, leased, \
-                        holder_var, _, _ = hot
+                    stamp, origin, _, ref, uncertain, pool, held_by, holders, leased = hot[:9]
                     n = len(ids)
                     if n == 1:
                         b = ids[0]
@@ -326,7 +326,7 @@ def wrap_alloc(guard, original):
                         except Exception as exc:
                             site = contain(guard, exc)
                         clock = tick()
-                        h = holder_var.get()
+                        h = holder_now()
                         if n == 1:
                             stamp[b] = clock
                             origin[b] = site

@@ -11,7 +11,7 @@ import logging
 from collections import Counter, deque
 
 from ..logger import emit
-from .compiled import FASTPATH
+from ..compiled import FASTPATH
 
 _subscribers: list = []
 _attach_listeners: list = []

@@ -111,3 +111,47 @@ def test_a_signal_raising_anywhere_in_a_guarded_call_never_leaves_the_lock_held(
     with pytest.raises(ValueError):  # log mode forwards it: the allocator refuses it
         pool.free(ids)
     assert [v.kind for v in guard.violations[before:]] == ["double-free"]
+
+
+def test_an_exception_at_any_line_of_let_go_never_leaves_the_dispatch_lock_held():
+    """A signal handler may raise at any line of ``dispatch.let_go`` (it runs from finalizers,
+    in the middle of anything). Raising at each line in turn, as a handler would, must leave
+    the dispatchers' lock free: a lost lock hangs every later ``kvguard.guard()``. The code
+    before (a ``try`` after a non-blocking ``acquire()``) lost it at the ``try`` line."""
+    import sys
+
+    from kvguard import dispatch
+
+    code = dispatch.let_go.__code__
+    lines = sorted({line for _, _, line in code.co_lines() if line is not None})
+    raised_at = []
+    for target in lines:
+        def tracer(frame, event, arg, target=target):
+            if frame.f_code is not code:
+                return None
+
+            def local(frame, event, arg):
+                if event == "line" and frame.f_lineno == target:
+                    raised_at.append(target)
+                    raise Interrupt
+                return local
+            return local
+
+        sys.settrace(tracer)
+        try:
+            dispatch.let_go(object())
+        except Interrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        got = []
+
+        def take():
+            got.append(dispatch._lock.acquire(timeout=2))
+            if got[-1]:
+                dispatch._lock.release()
+        t = threading.Thread(target=take)
+        t.start()
+        t.join()
+        assert got == [True], f"the lock was lost at line {target}"
+    assert len(raised_at) >= 3, raised_at

@@ -29,12 +29,15 @@ SOURCES = CACHE / "upstream" / "vllm-0.33.0"
 
 @pytest.fixture(scope="module")
 def vllm_tests():
+    # Before vLLM is imported: huggingface_hub reads these once, at import, and vLLM infers
+    # its device from VLLM_TARGET_DEVICE (the CPU wheel has no vllm._C to tell it).
+    os.environ.setdefault("HF_HOME", str(CACHE / "upstream" / "hf"))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     pytest.importorskip("vllm.v1.core.sched.scheduler",
                         reason="vLLM is not installed (benchmarks/upstream/run.py setup)")
     if not (SOURCES / "tests" / "v1" / "core" / "utils.py").is_file():
         pytest.skip(f"vLLM 0.33.0's tests are not under {SOURCES} (run.py setup)")
-    os.environ.setdefault("HF_HOME", str(CACHE / "upstream" / "hf"))
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     # vLLM's test helpers import their own ``tests`` package, a name this suite's package
     # holds: theirs is imported under it for the moment, then ours is put back.
     ours = {name: mod for name, mod in sys.modules.items()

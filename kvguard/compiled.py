@@ -1,8 +1,8 @@
 """Whether the guard runs on its compiled parts (``kvguard._fastpath``), decided once at import.
 
-Two modules depend on it: ``shadowing`` (the wrappers, the lock, the flight recorder) and
-``telemetry`` (``Stats``, whose counters are C integers there), so the decision lives here, where
-neither imports the other.
+Three modules depend on it: the guard's ``shadowing`` (the wrappers, the lock, the flight
+recorder) and ``telemetry`` (``Stats``, whose counters are C integers there), and ``owners`` (the
+holder slot of request boundaries), so the decision lives here, where none imports another.
 """
 
 from __future__ import annotations

@@ -154,9 +154,66 @@ def timed(make, driver, ops) -> float:
         gc.enable()
 
 
+class Counting:
+    """``--instructions``: ``compare`` counts each variant's instructions in a child process
+    under valgrind's cachegrind (the trace replayed once and twice on one allocator: the
+    difference is one replay, start-up and the allocator's building taken out) instead of
+    timing it. The same count run after run on a shared
+    machine, where timed rows move by 10-30%; instructions are not time (a cache miss costs more
+    than an add), so the figures say what the code does more, not what it costs in seconds."""
+
+    on = False
+    row = ""           # the row being measured (its --only name), for the child to rebuild
+    argv: list = []    # the parent's --steps / --owners, passed on
+    child = None       # in a child: the variant to replay, and how many times
+    runs = 1
+    nth = 0            # which compare() of the row (the python row measures two allocators)
+    seen = 0
+    VARIANTS = ("raw", "stacks off")  # and their +owners twins: the issue's comparison
+
+
+def count_variants(variants: dict) -> dict:
+    import re
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    def count(name: str, runs: int) -> int:
+        out = subprocess.run(
+            ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
+             sys.executable, os.path.abspath(__file__), "--only", Counting.row,
+             "--child", name, "--runs", str(runs), "--nth", str(Counting.seen - 1),
+             *Counting.argv],
+            capture_output=True, text=True, check=True,
+            env={**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"})
+        found = re.search(r"I\s+refs:\s+([\d,]+)", out.stderr)
+        if found is None:
+            raise SystemExit(f"bench_engines: no count in valgrind's output:\n"
+                             f"{out.stderr[-2000:]}")
+        return int(found.group(1).replace(",", ""))
+
+    names = [n for n in variants if n.removesuffix(OWNERS) in Counting.VARIANTS]
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        counts = {(n, k): pool.submit(count, n, k) for n in names for k in (1, 2)}
+        return {n: counts[n, 2].result() - counts[n, 1].result() for n in names}
+
+
 def compare(variants: dict, driver, ops, rounds: int) -> dict:
     """Fastest seconds per variant, the variants alternated round by round (on a shared machine
-    noise only ever adds time, so the minimum is the steadiest figure)."""
+    noise only ever adds time, so the minimum is the steadiest figure). With ``--instructions``:
+    instructions per variant instead (``Counting``)."""
+    Counting.seen += 1
+    if Counting.child is not None:  # a child under valgrind: replay the one variant, then stop
+        if Counting.seen - 1 != Counting.nth:  # another allocator of the row: not this one
+            return dict.fromkeys(variants, 1.0)
+        make = variants[Counting.child]
+        allocator = make()  # built once: a replay ends with every block freed, so it repeats
+        gc.collect()
+        gc.disable()
+        for _ in range(Counting.runs):
+            replay(allocator, driver, ops, getattr(make, "owners", False))
+        raise SystemExit(0)
+    if Counting.on:
+        return count_variants(variants)
     times = {name: [] for name in variants}
     for _ in range(rounds):
         for name, make in variants.items():
@@ -203,28 +260,33 @@ def row(label, make, spec, driver, ops, rounds, target=None, pure=False, timings
     np.int64 pool and its twin are measured together)."""
     med = timings or compare(variants_of(make, spec, pure, owners=owners), driver, ops, rounds)
     raw = med["raw"]
-    print(f"{label}: raw {raw / len(ops) * 1e6:.2f} us/op ({len(ops)} ops)")
+    scale, unit = (1, "instructions/op") if Counting.on else (1e6, "us/op")
+    print(f"{label}: raw {raw / len(ops) * scale:.2f} {unit} ({len(ops)} ops)")
     added = {}
     for name, t in med.items():
         if name == "raw":
             continue
-        added[name] = (t - raw) / len(ops) * 1e6
+        added[name] = (t - raw) / len(ops) * scale
     for name in GUARDS:
+        if name not in med:  # --instructions counts some variants only
+            continue
         t = med[name]
         goal = f"   target {target[name]}" if target and name in target else ""
         beside = ""
         if pure:
             beside = (f"   pure {med[name + PURE] / raw:5.2f}x "
                       f"(+{added[name + PURE]:.2f} us/op)")
-        print(f"  {name:<27} {t / raw:5.2f}x  (+{added[name]:.2f} us/op){beside}{goal}")
+        print(f"  {name:<27} {t / raw:5.2f}x  (+{added[name]:.2f} {unit}){beside}{goal}")
     if owners and "raw" + OWNERS in med:
         held = med["raw" + OWNERS]
-        print(f"  holders set (no guard): +{(held - raw) / len(ops) * 1e6:.2f} us/op; with owners "
-              "active, the guard against that and the whole against today's guarded run:")
+        print(f"  holders set (no guard): +{(held - raw) / len(ops) * scale:.2f} {unit}; with "
+              "owners active, the guard against that and the whole against today's guarded run:")
         for name in GUARDS:
+            if name + OWNERS not in med:
+                continue
             t = med[name + OWNERS]
-            print(f"  {name + OWNERS:<27} {t / held:5.2f}x  (+{(t - held) / len(ops) * 1e6:.2f}"
-                  f" us/op)   {t / med[name]:5.2f}x today's {name}")
+            print(f"  {name + OWNERS:<27} {t / held:5.2f}x  (+{(t - held) / len(ops) * scale:.2f}"
+                  f" {unit})   {t / med[name]:5.3f}x today's {name}")
     return added
 
 
@@ -445,9 +507,32 @@ def main() -> int:
                         "request boundaries do")
     parser.add_argument("--only", default="", help="comma-separated rows: vllm, deepspeed, "
                         "sglang, numpy, int64, python, floor, memory")
+    parser.add_argument("--instructions", action="store_true",
+                        help="count instructions under valgrind instead of timing, for the raw "
+                             "and 'stacks off' variants (with --owners, their twins too) of the "
+                             "rows vllm, deepspeed, sglang, numpy, python; slow (minutes a row)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--runs", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--nth", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     only = set(filter(None, args.only.split(",")))
-    want = (lambda name: not only or name in only)
+    if args.instructions or args.child:
+        import shutil
+        if args.instructions and shutil.which("valgrind") is None:
+            print("bench_engines: valgrind is not on PATH (it counts the instructions)",
+                  file=sys.stderr)
+            return 2
+        Counting.on, Counting.child, Counting.runs = args.instructions, args.child, args.runs
+        Counting.nth, args.pure = args.nth, False
+        Counting.argv = ["--steps", str(args.steps)] + (["--owners"] if args.owners else [])
+        only = (only or {"vllm", "deepspeed", "sglang", "numpy", "python"}) - {
+            "int64", "floor", "memory"}
+
+    def want(name: str) -> bool:
+        if only and name not in only:
+            return False
+        Counting.row, Counting.seen = name, 0
+        return True
     n = 64 * 160
     shared = make_trace(args.steps)
     plain = make_trace(args.steps, share=0)
@@ -529,4 +614,4 @@ def main() -> int:
 
 if __name__ == "__main__":
     import results  # --write-docs: what this prints becomes its section of docs/cost.md
-    sys.exit(results.main(main))
+    sys.exit(results.main(main, modes=("--instructions",)))

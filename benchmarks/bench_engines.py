@@ -173,23 +173,14 @@ class Counting:
 
 
 def count_variants(variants: dict) -> dict:
-    import re
-    import subprocess
     from concurrent.futures import ThreadPoolExecutor
 
+    from cachegrind import instructions
+
     def count(name: str, runs: int) -> int:
-        out = subprocess.run(
-            ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
-             sys.executable, os.path.abspath(__file__), "--only", Counting.row,
-             "--child", name, "--runs", str(runs), "--nth", str(Counting.seen - 1),
-             *Counting.argv],
-            capture_output=True, text=True, check=True,
-            env={**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"})
-        found = re.search(r"I\s+refs:\s+([\d,]+)", out.stderr)
-        if found is None:
-            raise SystemExit(f"bench_engines: no count in valgrind's output:\n"
-                             f"{out.stderr[-2000:]}")
-        return int(found.group(1).replace(",", ""))
+        return instructions([sys.executable, os.path.abspath(__file__), "--only", Counting.row,
+                             "--child", name, "--runs", str(runs), "--nth",
+                             str(Counting.seen - 1), *Counting.argv], "bench_engines")[0]
 
     names = [n for n in variants if n.removesuffix(OWNERS) in Counting.VARIANTS]
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:

@@ -297,25 +297,19 @@ def count_instructions(args) -> int:
     costs more than an add), so this is beside the timed figures, not instead of them."""
     import re
     import shutil
-    import subprocess
+
+    from cachegrind import instructions
     if shutil.which("valgrind") is None:
         print("bench_vllm_manager: valgrind is not on PATH (it counts the instructions)",
               file=sys.stderr)
         return 2
 
     def count(name: str, runs: int):
-        out = subprocess.run(
-            ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
-             sys.executable, os.path.abspath(__file__), "--child", name, "--runs", str(runs),
+        total, out = instructions(
+            [sys.executable, os.path.abspath(__file__), "--child", name, "--runs", str(runs),
              "--requests", str(args.requests), "--blocks", str(args.blocks)],
-            capture_output=True, text=True, check=True,
-            env={**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"})
-        found = re.search(r"I\s+refs:\s+([\d,]+)", out.stderr)
-        steps = re.search(r"steps (\d+)", out.stdout)
-        if found is None or steps is None:
-            raise SystemExit(f"bench_vllm_manager: no count in valgrind's output:\n"
-                             f"{out.stderr[-2000:]}{out.stdout[-2000:]}")
-        return int(found.group(1).replace(",", "")), int(steps.group(1))
+            "bench_vllm_manager")
+        return total, int(re.search(r"steps (\d+)", out).group(1))
 
     from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # each child one process

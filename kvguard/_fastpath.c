@@ -46,6 +46,10 @@ static PyTypeObject *array_type = NULL;
 
 #define ARR(o) ((array_mirror *)(o))
 
+/* The ledger holder column's mark for a block of several holders, whose books are in the
+   sparse holders map (kvguard.holderbooks.SEVERAL); no holder number reaches it. */
+#define SEVERAL 0xFFFFFFFFLL
+
 static int
 is_column(PyObject *o, char code)
 {
@@ -76,6 +80,22 @@ get_i(PyObject *col, Py_ssize_t b, long long *out)
 {
     if (b < Py_SIZE(col) && is_column(col, 'i')) {
         *out = ((int32_t *)ARR(col)->ob_item)[b];
+        return 0;
+    }
+    PyObject *v = PySequence_GetItem(col, b);
+    if (v == NULL)
+        return -1;
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* obj: the value as a Python object when ``valid`` is 0 (NULL: make it from v). */
+static int
+get_u32(PyObject *col, Py_ssize_t b, long long *out)
+{
+    if (b < Py_SIZE(col) && is_column(col, 'I')) {
+        *out = ((uint32_t *)ARR(col)->ob_item)[b];
         return 0;
     }
     PyObject *v = PySequence_GetItem(col, b);
@@ -1132,7 +1152,7 @@ holder_index(PyObject *label)
     n = PyDict_GetItemWithError(owner_index, label);  /* borrowed */
     if (n != NULL) {
         out = as_ll(n, &valid);
-        if (valid && out >= 0 && out <= 0xFFFFFFFFLL)
+        if (valid && out >= 0 && out < SEVERAL)
             return out;
     }
     else if (PyErr_Occurred()) {
@@ -1145,7 +1165,7 @@ holder_index(PyObject *label)
         return -1;
     out = as_ll(n, &valid);
     Py_DECREF(n);
-    if (!valid || out < 0 || out > 0xFFFFFFFFLL) {
+    if (!valid || out < 0 || out >= SEVERAL) {
         PyErr_SetString(PyExc_TypeError, "OWNERS.intern() must return a small int");
         return -1;
     }
@@ -1205,7 +1225,7 @@ holder_in_force(PyObject *var, int *exact)
         return 0;
     out = as_ll(v, &valid);
     Py_DECREF(v);
-    *exact = valid && out >= 0 && out <= 0xFFFFFFFFLL;
+    *exact = valid && out >= 0 && out < SEVERAL;
     return *exact ? out : 0;
 }
 
@@ -1231,7 +1251,7 @@ fp_swap_holder(PyObject *mod, PyObject *arg)
     v = PyLong_AsLongLongAndOverflow(arg, &overflow);
     if (v == -1 && PyErr_Occurred())
         return NULL;
-    if (overflow || v < -1 || v > 0xFFFFFFFFLL) {
+    if (overflow || v < -1 || v >= SEVERAL) {
         PyErr_SetString(PyExc_ValueError, "swap_holder(): -1 or a holder's number");
         return NULL;
     }
@@ -2009,7 +2029,7 @@ swallow(void)
    variable a call's holder is read from. Borrowed from the tuple, which the caller holds. */
 typedef struct {
     PyObject *stamp, *origin, *freed, *ref, *uncertain, *pool, *holder, *holders, *leased,
-             *holder_var, *shared_by, *released_by;
+             *holder_var;
 } Hot;
 
 static int
@@ -2027,12 +2047,11 @@ unpack_hot(PyObject *hot, Hot *h)
     h->holders = PyTuple_GET_ITEM(hot, 7);
     h->leased = PyTuple_GET_ITEM(hot, 8);
     h->holder_var = PyTuple_GET_ITEM(hot, 9);
-    h->shared_by = PyTuple_GET_ITEM(hot, 10);
-    h->released_by = PyTuple_GET_ITEM(hot, 11);
+    /* 10 and 11, the ledger's shared_by / released_by, are the closures' twins of
+       holders_shared / holders_released below */
     if (!is_column(h->stamp, 'q') || !is_column(h->origin, 'I') || !is_column(h->freed, 'I')
         || !is_column(h->holder, 'I') || !PyDict_CheckExact(h->holders)
-        || !PyDict_CheckExact(h->leased) || !PyContextVar_CheckExact(h->holder_var)
-        || !PyCallable_Check(h->shared_by) || !PyCallable_Check(h->released_by))
+        || !PyDict_CheckExact(h->leased) || !PyContextVar_CheckExact(h->holder_var))
         return 0;
     if (h->ref == Py_None)
         h->ref = NULL;
@@ -2072,8 +2091,9 @@ in_map(PyObject *map, long long b)
 /* [owners] Whether the fast path may take a release (or, with ``share``, a share) of
    ``bids`` for ``holder``: a release of a block the holder does not hold (another holder holds
    it, alone or among several) goes careful, where it is named ``stale-free``. ``*mixed`` says
-   the commit must then tell the ledger (``shared_by`` / ``released_by``): a block of several
-   holders, or a live block another holder holds taken by a share.
+   the commit must then update the books of several holders: a block of several holders, or a
+   live block another holder holds taken by a share. The holder column says which blocks have
+   several (SEVERAL): only those are looked up in the map.
    1 yes, 0 no (careful path), -1 error. */
 static int
 holders_ok(Hot *h, const long long *bids, Py_ssize_t n, long long holder, int share, int *mixed)
@@ -2087,64 +2107,173 @@ holders_ok(Hot *h, const long long *bids, Py_ssize_t n, long long holder, int sh
         return 1;
     for (i = 0; i < n; i++) {
         long long b = bids[i];
-        if (PyDict_GET_SIZE(h->holders)) {
-            PyObject *key = PyLong_FromLongLong(b), *counts;
-            if (key == NULL)
-                return -1;
-            counts = PyDict_GetItemWithError(h->holders, key);  /* borrowed */
-            Py_DECREF(key);
-            if (counts == NULL && PyErr_Occurred())
-                return -1;
-            if (counts != NULL) {
-                if (holder && !share) {
-                    /* held while asked: an int key's hash and equality run no Python code,
-                       but the reference costs nothing and survives any surprise */
-                    PyObject *who = PyLong_FromLongLong(holder);
-                    int found;
-                    if (who == NULL)
-                        return -1;
-                    Py_INCREF(counts);
-                    found = PyDict_CheckExact(counts) ? PyDict_Contains(counts, who) : 0;
-                    Py_DECREF(counts);
-                    Py_DECREF(who);
-                    if (found < 0)
-                        return -1;
-                    if (!found)
-                        return 0;
-                }
-                *mixed = 1;
-                continue;
-            }
-        }
-        if (holder) {
-            if (b >= hsize || b >= ssize)
-                return 0;
-            if (held[b] != 0 && (long long)held[b] != holder) {
-                if (!share)
+        if (b >= hsize || b >= ssize)
+            return 0;
+        if (held[b] == SEVERAL) {
+            if (holder && !share) {
+                /* held while asked: an int key's hash and equality run no Python code,
+                   but the reference costs nothing and survives any surprise */
+                PyObject *key = PyLong_FromLongLong(b), *counts, *who;
+                int found = 0;
+                if (key == NULL)
+                    return -1;
+                counts = PyDict_GetItemWithError(h->holders, key);  /* borrowed */
+                Py_DECREF(key);
+                if (counts == NULL)
+                    return PyErr_Occurred() ? -1 : 0;  /* not in the map: careful */
+                if (!PyDict_CheckExact(counts))
                     return 0;
-                if (stamp[b] > 0)
-                    *mixed = 1;
+                who = PyLong_FromLongLong(holder);
+                if (who == NULL)
+                    return -1;
+                Py_INCREF(counts);
+                found = PyDict_Contains(counts, who);
+                Py_DECREF(counts);
+                Py_DECREF(who);
+                if (found <= 0)
+                    return found;
             }
+            *mixed = 1;
+        }
+        else if (holder && held[b] != 0 && (long long)held[b] != holder) {
+            if (!share)
+                return 0;
+            if (stamp[b] > 0)
+                *mixed = 1;
         }
     }
     return 1;
 }
 
-/* Tell the ledger what a committed fast-path call did to blocks of several holders (``hook``:
-   ``shared_by`` or ``released_by``). Its Exception is swallowed (holders' counts are
-   bookkeeping for reports and the stale-free check, never the allocator's state); anything
-   else rises. 0, or -1 with the error set. */
+/* counts[holder] += delta in one block's holder -> references map; a count that reaches 0 is
+   removed. Int keys and values: no Python code runs here but the collector's. 0 or -1. */
 static int
-tell_holders(PyObject *hook, PyObject *ids, long long holder)
+add_count(PyObject *counts, long long holder, long long delta)
 {
-    PyObject *who = PyLong_FromLongLong(holder), *res;
+    PyObject *who = PyLong_FromLongLong(holder), *old, *now;
+    long long have = 0;
+    int valid, rc = 0;
     if (who == NULL)
         return -1;
-    res = PyObject_CallFunctionObjArgs(hook, ids, who, NULL);
+    old = PyDict_GetItemWithError(counts, who);  /* borrowed, read at once */
+    if (old != NULL) {
+        have = as_ll(old, &valid);
+        if (!valid)
+            have = 0;
+    }
+    else if (PyErr_Occurred())
+        rc = -1;
+    if (rc == 0) {
+        have += delta;
+        if (have > 0) {
+            now = PyLong_FromLongLong(have);
+            rc = now == NULL ? -1 : PyDict_SetItem(counts, who, now);
+            Py_XDECREF(now);
+        }
+        else if (old != NULL)
+            rc = PyDict_DelItem(counts, who);
+    }
     Py_DECREF(who);
-    if (res == NULL)
-        return swallow();
-    Py_DECREF(res);
+    return rc;
+}
+
+/* [owners] After a committed share of ``bids`` for ``holder`` (references already counted):
+   a block of several holders counts one more reference of ``holder``; a live block another
+   holder held alone becomes one (its earlier references that holder's). HolderBooks.shared_by,
+   which the closures call, is the same. 0, or -1 with an error set. */
+static int
+holders_shared(Hot *h, const long long *bids, Py_ssize_t n, long long holder)
+{
+    Py_ssize_t i;
+    for (i = 0; i < n; i++) {
+        long long b = bids[i], first, r;
+        int rc = get_u32(h->holder, b, &first);
+        PyObject *key, *counts;
+        if (rc == 0 && first == SEVERAL) {
+            key = PyLong_FromLongLong(b);
+            if (key == NULL)
+                return -1;
+            counts = PyDict_GetItemWithError(h->holders, key);  /* borrowed */
+            Py_DECREF(key);
+            if (counts != NULL) {
+                Py_INCREF(counts);
+                if (PyDict_CheckExact(counts))
+                    rc = add_count(counts, holder, 1);
+                Py_DECREF(counts);
+            }
+            else if (PyErr_Occurred())
+                rc = -1;
+        }
+        else if (rc == 0 && first && first != holder && h->ref != NULL
+                 && (rc = get_i(h->ref, b, &r)) == 0) {
+            /* {first: its references before this share, holder: 1} */
+            PyObject *both = PyDict_New();
+            rc = both == NULL || add_count(both, first, r - 1 > 1 ? r - 1 : 1) < 0
+                 || add_count(both, holder, 1) < 0 ? -1 : 0;
+            key = rc == 0 ? PyLong_FromLongLong(b) : NULL;
+            rc = key == NULL ? -1 : PyDict_SetItem(h->holders, key, both);
+            Py_XDECREF(both);
+            Py_XDECREF(key);
+            if (rc == 0)
+                rc = set_u32(h->holder, b, SEVERAL, 1, NULL);
+        }
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* [owners] After a committed release of ``bids`` by ``holder``: a block of several holders
+   loses one of ``holder``'s references, and one left with a single holder goes back to the
+   holder column; a block now free forgets its holders. HolderBooks.released_by, which the
+   closures call, is the same. 0, or -1 with an error set. */
+static int
+holders_released(Hot *h, const long long *bids, Py_ssize_t n, long long holder)
+{
+    Py_ssize_t i;
+    for (i = 0; i < n && PyDict_GET_SIZE(h->holders); i++) {
+        long long b = bids[i], s, first;
+        int rc;
+        PyObject *key, *counts;
+        if (get_u32(h->holder, b, &first) < 0)
+            return -1;
+        if (first != SEVERAL)
+            continue;
+        key = PyLong_FromLongLong(b);
+        if (key == NULL)
+            return -1;
+        counts = PyDict_GetItemWithError(h->holders, key);  /* borrowed */
+        if (counts == NULL) {
+            Py_DECREF(key);
+            if (PyErr_Occurred())
+                return -1;
+            continue;
+        }
+        Py_INCREF(counts);
+        rc = get_q(h->stamp, b, &s);
+        if (rc == 0 && s <= 0) {  /* free now: it forgets its holders, this one the last */
+            rc = PyDict_DelItem(h->holders, key);
+            if (rc == 0)
+                rc = set_u32(h->holder, b, holder, 1, NULL);
+        }
+        else if (rc == 0 && PyDict_CheckExact(counts)
+                 && (rc = add_count(counts, holder, -1)) == 0 && PyDict_GET_SIZE(counts) <= 1) {
+            Py_ssize_t pos = 0;
+            PyObject *who, *refs;
+            long long w = 0;
+            int valid = 1;
+            if (PyDict_Next(counts, &pos, &who, &refs))
+                w = as_ll(who, &valid);
+            /* back to the column: its one holder, or 0 (not known) */
+            rc = PyDict_DelItem(h->holders, key);
+            if (rc == 0)
+                rc = set_u32(h->holder, b, valid && w < SEVERAL ? w : 0, 1, NULL);
+        }
+        Py_DECREF(counts);
+        Py_DECREF(key);
+        if (rc < 0)
+            return -1;
+    }
     return 0;
 }
 
@@ -2929,7 +3058,7 @@ release_locked(Wrapper *w, Call *c)
     long long small[SMALL], *bids = small, holder = 0;
     int mixed = 0;
     Hot h;
-    Py_ssize_t n, i;
+    Py_ssize_t n, n_called = 0, i;
 
     if (w->read != Py_None) {
         int one_shot = w->drain ? PySet_Contains(w->iterators, (PyObject *)Py_TYPE(value)) : 0;
@@ -2993,7 +3122,7 @@ release_locked(Wrapper *w, Call *c)
         }
         if (!unpack_hot(hot, &h))
             goto careful;  /* not the ledger's columns: nothing here to trust */
-        n = PyList_GET_SIZE(ids);
+        n = n_called = PyList_GET_SIZE(ids);
         if (n > SMALL) {
             bids = PyMem_Malloc(sizeof(long long) * (size_t)n);
             if (bids == NULL) {
@@ -3087,7 +3216,10 @@ release_locked(Wrapper *w, Call *c)
                             goto error;
                     }
                 }
-                if (mixed && holder && tell_holders(h.shared_by, ids, holder) < 0)
+                /* holders' counts are bookkeeping for reports and the stale-free check,
+                   never the allocator's state: an Exception there is swallowed */
+                if (mixed && holder && holders_shared(&h, bids, n, holder) < 0
+                    && swallow() < 0)
                     goto error;
                 if (record_call(w, s_share_calls, s_blocks_shared, n, clock, ids, site, h.pool,
                                 s_share) < 0)
@@ -3141,7 +3273,7 @@ release_locked(Wrapper *w, Call *c)
                 }
                 n = dropped;
             }
-            if (PyDict_GET_SIZE(h.holders) && tell_holders(h.released_by, ids, holder) < 0)
+            if (holders_released(&h, bids, n_called, holder) < 0 && swallow() < 0)
                 goto error;
             if (record_call(w, s_free_calls, s_blocks_freed, n, clock, ids, site, h.pool,
                             s_free) < 0)
@@ -3234,13 +3366,16 @@ allocate_locked(Wrapper *w, Call *c)
                the careful path's (it clears the first, and names the second) */
             if (PyDict_GET_SIZE(h.holders) || PyDict_GET_SIZE(h.leased)) {
                 for (i = 0; i < n; i++) {
-                    int a = in_map(h.holders, bids[i]), b;
-                    if (a < 0)
+                    long long first;
+                    int b;
+                    if (get_u32(h.holder, bids[i], &first) < 0)
                         goto error;
-                    b = a ? 0 : in_map(h.leased, bids[i]);
+                    if (first == SEVERAL)
+                        goto careful;
+                    b = in_map(h.leased, bids[i]);
                     if (b < 0)
                         goto error;
-                    if (a || b)
+                    if (b)
                         goto careful;
                 }
             }

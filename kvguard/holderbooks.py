@@ -1,15 +1,21 @@
 """The ledger's books of holders: which requests hold references to a block.
 
 One holder per block sits in the ledger's ``holder`` column; a refcounted block that several
-holders reference (a prefix hit, a fork) is kept in the sparse ``holders`` map, holder ->
-references, which is empty, and costs nothing, the rest of the time. These are the exact, slower
-operations on them; the guard's fast paths read the column and the map inline and call
-``shared_by`` / ``released_by`` after committing a call that touched the map.
+holders reference (a prefix hit, a fork) has ``SEVERAL`` there and its holders in the sparse
+``holders`` map, holder -> references, which is empty, and costs nothing, the rest of the time.
+The column alone says whether to look in the map: a block is in it exactly when its column says
+``SEVERAL``, so the fast paths (the compiled ones and the closures, which call ``shared_by`` /
+``released_by`` after committing) touch the map only for the blocks really shared. These are
+the exact, slower operations on them.
 """
 
 from __future__ import annotations
 
 from .owners import OWNERS
+
+SEVERAL = 0xFFFFFFFF
+"""The ``holder`` column's mark for a block of several holders (in ``holders``); no interned
+holder reaches it (``OWNERS`` is bounded far below)."""
 
 
 class HolderBooks:
@@ -21,29 +27,33 @@ class HolderBooks:
         each block another holder holds gets ``holder`` beside it in ``holders``."""
         held_by, holders, ref = self.holder, self.holders, self.ref
         for b in ids:
-            counts = holders.get(b)
-            if counts is not None:
-                counts[holder] = counts.get(holder, 0) + 1
-                continue
             first = held_by[b]
-            if first and first != holder and ref is not None:
+            if first == SEVERAL:
+                counts = holders.get(b)
+                if counts is not None:
+                    counts[holder] = counts.get(holder, 0) + 1
+            elif first and first != holder and ref is not None:
                 holders[b] = {first: max(ref[b] - 1, 1), holder: 1}
+                held_by[b] = SEVERAL
 
     def released_by(self, ids, holder: int) -> None:
         """After a fast path released ``ids`` for ``holder``: its reference to blocks of
-        several holders is dropped, and a block now free forgets its holders."""
-        holders, stamp = self.holders, self.stamp
+        several holders is dropped, and a block now free forgets its holders (``holder`` held
+        it last)."""
+        held_by, holders, stamp = self.holder, self.holders, self.stamp
         for b in ids:
-            if b not in holders:
+            if held_by[b] != SEVERAL:
                 continue
             if stamp[b] <= 0:
-                del holders[b]
+                holders.pop(b, None)
+                held_by[b] = holder
             else:
                 self.drop_holders((b,), holder)
 
     def drop_holders(self, ids, holder: int) -> None:
         """A release of ``ids`` by ``holder`` (0: unknown) drops its reference from blocks with
-        several holders; a block left with one holder goes back to the ``holder`` column."""
+        several holders; a block left with one holder goes back to the ``holder`` column (with
+        none, to 0: not known)."""
         holders, held_by = self.holders, self.holder
         for b in ids:
             counts = holders.get(b)
@@ -56,8 +66,13 @@ class HolderBooks:
                 counts.pop(holder, None)
             if len(counts) <= 1:
                 del holders[b]
-                if counts:
-                    held_by[b] = next(iter(counts))
+                held_by[b] = next(iter(counts)) if counts else 0
+
+    def forget_holders(self, b: int, holder: int) -> None:
+        """Block ``b`` is free: it forgets its several holders, ``holder`` the last."""
+        if self.holder[b] == SEVERAL:
+            self.holders.pop(b, None)
+            self.holder[b] = holder
 
     def add_holder(self, ids, holder: int) -> None:
         """``holder`` took a reference to live ``ids`` above the allocator (an engine that
@@ -66,13 +81,15 @@ class HolderBooks:
         for b in ids:
             if not 0 <= b < len(stamp) or stamp[b] <= 0:
                 continue
-            counts = holders.get(b)
-            if counts is not None:
+            first = held_by[b]
+            if first == SEVERAL:
+                counts = holders.setdefault(b, {})
                 counts[holder] = counts.get(holder, 0) + 1
-            elif not held_by[b]:
+            elif not first:
                 held_by[b] = holder
-            elif held_by[b] != holder:
-                holders[b] = {held_by[b]: 1, holder: 1}
+            elif first != holder:
+                holders[b] = {first: 1, holder: 1}
+                held_by[b] = SEVERAL
 
     def drop_holder(self, ids, holder: int) -> None:
         """``holder``'s reference to live ``ids`` ended above the allocator (the block stays
@@ -81,7 +98,7 @@ class HolderBooks:
         for b in ids:
             if not 0 <= b < len(stamp) or stamp[b] <= 0:
                 continue
-            if b in holders:
+            if held_by[b] == SEVERAL:
                 self.drop_holders([b], holder)
             elif held_by[b] == holder:
                 held_by[b] = 0
@@ -91,15 +108,15 @@ class HolderBooks:
         holders are not known (no holder recorded, or none active)."""
         if not holder:
             return True
-        counts = self.holders.get(b)
-        if counts is not None:
-            return holder in counts
         first = self.holder[b]
+        if first == SEVERAL:
+            return holder in self.holders.get(b, (holder,))
         return not first or first == holder
 
     def holder_of(self, b: int) -> object:
         """The label of the holder of ``b`` (the first of several), None when not known."""
-        counts = self.holders.get(b)
-        index = next(iter(counts)) if counts else self.holder[b]
+        index = self.holder[b]
+        if index == SEVERAL:
+            index = next(iter(self.holders.get(b) or (0,)))
         return OWNERS.labels[index]
 

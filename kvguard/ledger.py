@@ -8,7 +8,8 @@ Four parallel ``array`` columns, 20 bytes per block (24 for refcounted pools):
 - ``origin`` (uint32): the interned allocation site together with the owner active then.
 - ``freed_at`` (uint32): the interned site of the last free.
 - ``holder`` (uint32): the interned holder (``kvguard.owners``) the block was handed to, 0 for
-  none; kept after the block is freed (who held it last).
+  none, ``SEVERAL`` for a block several holders reference (in ``holders``); kept after the
+  block is freed (who held it last).
 - ``ref`` (int32, refcounted pools only): references held.
 
 Two sparse maps cost nothing while empty: ``holders`` (a refcounted block referenced by more
@@ -26,7 +27,7 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass
 
-from .holderbooks import HolderBooks
+from .holderbooks import SEVERAL, HolderBooks
 from .owners import ACTIVE_HOLDER, OWNERS
 from .stacks import SITES
 from .violation import BlockHistory
@@ -157,13 +158,9 @@ class Ledger(HolderBooks):
         stamp, freed_at, ref = self.stamp, self.freed_at, self.ref
         if self.holders:
             self.drop_holders(ids, holder)
-            if ref is None:  # every one of them is free now
-                for b in ids:
-                    self.holders.pop(b, None)
-            else:
-                for b in ids:
-                    if ref[b] <= 1:
-                        self.holders.pop(b, None)
+            for b in ids:
+                if ref is None or ref[b] <= 1:  # free after this call
+                    self.forget_holders(b, holder)
         if ref is None:
             for b in ids:
                 stamp[b] = -clock
@@ -194,11 +191,12 @@ class Ledger(HolderBooks):
                     holders.pop(b, None)
             elif holder and ref is not None:
                 first = held_by[b]
-                if b in holders:
-                    counts = holders[b]
+                if first == SEVERAL:
+                    counts = holders.setdefault(b, {})
                     counts[holder] = counts.get(holder, 0) + 1
                 elif first and first != holder:
                     holders[b] = {first: max(ref[b], 1), holder: 1}
+                    held_by[b] = SEVERAL
             if ref is not None:
                 ref[b] += 1
 
@@ -218,6 +216,8 @@ class Ledger(HolderBooks):
         a resize); returns their ids."""
         live = self.live_ids()
         stamp, freed_at, ref = self.stamp, self.freed_at, self.ref
+        for b in self.holders:
+            self.holder[b] = 0
         self.holders.clear()
         for b in live:
             stamp[b] = -clock

@@ -21,6 +21,7 @@ import operator
 import threading
 
 from ..fastread import ITERATORS, KINDS
+from ..holderbooks import SEVERAL
 from ..owners import ACTIVE_OWNER, holder_now
 from ..stacks import SITES, SiteTable
 from .. import compiled
@@ -191,13 +192,14 @@ def wrap_release(guard, original, method, param, share):
                         # live block another holder holds taken by a share, are kept in
                         # ``holders`` after the commit.
                         for b in ids:
-                            counts = holders.get(b) if holders else None
-                            if counts is not None:
-                                if h and not share and h not in counts:
+                            first = held_by[b]
+                            if first == SEVERAL:
+                                counts = holders.get(b)
+                                if counts is None or h and not share and h not in counts:
                                     ok = False
                                     break
                                 mixed = True
-                            elif h and held_by[b] not in (0, h):
+                            elif h and first not in (0, h):
                                 if not share:
                                     ok = False
                                     break
@@ -316,7 +318,7 @@ def wrap_alloc(guard, original):
                             ok = len(set(ids)) == n
                     if ok and (holders or leased):  # [owners, leases] the careful path's
                         for b in ids:
-                            if b in holders or b in leased:
+                            if held_by[b] == SEVERAL or b in leased:
                                 ok = False
                                 break
                     if ok:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import threading
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import kvguard
 from kvguard import owners
 from kvguard.examples import LinkedFreeList
+from kvguard.holderbooks import SEVERAL
 
 from .conftest import three_ways, use_wrappers
 
@@ -368,7 +369,16 @@ def test_reports_and_records_carry_the_holders(quiet_kvguard_log):
     jsonschema.validate(d, {"$defs": schema["$defs"], "$ref": "#/$defs/violation_report"})
 
 
-@settings(max_examples=60, deadline=None)
+THREE_HOLDERS = [("alloc", 0, 0), ("take", 1, 0), ("take", 1, 0), ("take", 2, 0),
+                 ("release", 1, 0), ("stale", 1, 0), ("release", 0, 0), ("release", 1, 0),
+                 ("stale", 0, 0), ("release", 2, 0)]
+"""One block taken by three holders, one twice, released back to one holder: every step of the
+several-holder books, each way checked whatever hypothesis draws."""
+
+
+@settings(max_examples=150, deadline=None)
+@example(THREE_HOLDERS, three_ways()[0])
+@example(THREE_HOLDERS, three_ways()[1])
 @given(st.lists(st.tuples(st.sampled_from(["alloc", "take", "release", "stale"]),
                           st.integers(0, 2), st.integers(0, 5)), max_size=50),
        st.sampled_from(three_ways()))
@@ -410,6 +420,24 @@ def test_refcounted_holders_follow_a_model(ops, way):
         assert set(g.live) == live
         assert all(g.live[b].refcount == sum(r.get(b, 0) for r in refs.values()) for b in live)
         assert all(pool.refs[b] == sum(r.get(b, 0) for r in refs.values()) for b in range(6))
+        assert references_by_holder(g.ledger(None)) == {
+            b: {f"h{h}": r[b] for h, r in refs.items() if b in r} for b in live}
+
+
+def references_by_holder(ledger) -> dict:
+    """Each live block's references per holder label, as the ledger's books say: a block of
+    several holders from the sparse map, any other from the holder column and its count."""
+    labels = owners.OWNERS.labels
+    out = {}
+    for b in range(len(ledger.stamp)):
+        # the column marks exactly the blocks the map keeps (the fast paths read only it)
+        assert (ledger.holder[b] == SEVERAL) == (b in ledger.holders), b
+        if ledger.stamp[b] <= 0:
+            continue
+        counts = ledger.holders.get(b)
+        out[b] = ({labels[k]: v for k, v in counts.items()} if counts is not None
+                  else {labels[ledger.holder[b]]: ledger.ref[b]})
+    return out
 
 
 @pytest.mark.parametrize("mode", ["raise", "log", "repair"])

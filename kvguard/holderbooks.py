@@ -94,7 +94,7 @@ class HolderBooks:
     def drop_holder(self, ids, holder: int) -> None:
         """``holder``'s reference to live ``ids`` ended above the allocator (the block stays
         out of the pool, cached or held by others): it no longer holds them."""
-        held_by, holders, stamp = self.holder, self.holders, self.stamp
+        held_by, stamp = self.holder, self.stamp
         for b in ids:
             if not 0 <= b < len(stamp) or stamp[b] <= 0:
                 continue
@@ -119,4 +119,3 @@ class HolderBooks:
         if index == SEVERAL:
             index = next(iter(self.holders.get(b) or (0,)))
         return OWNERS.labels[index]
-

@@ -7,9 +7,8 @@ guard forwarding) pass straight through. The fast path takes the calls engines m
 (plain ints, numpy integer arrays and scalars, block objects read by ``id_attr``, sub-pools,
 references shared and dropped in refcounted pools) when every id is in the state the call needs:
 one read of the ids, one loop over the ledger's columns, one site capture, all inlined with
-what they need bound as locals: this is where the overhead budget goes, so every line counts.
-Anything unusual goes to the careful path (``careful``), which reads the ids exactly and names
-every fault; a differential test holds the two to the same verdicts.
+their names bound as locals: the overhead budget goes here. Anything unusual goes to the careful
+path (``careful``), which names every fault; a differential test holds the two to one verdict.
 """
 
 from __future__ import annotations
@@ -188,14 +187,13 @@ def wrap_release(guard, original, method, param, share):
                     mixed = False
                     if ok and (h or holders):
                         # [owners] A release of a block the holder does not hold is the
-                        # careful path's (a stale free). Blocks of several holders, and a
-                        # live block another holder holds taken by a share, are kept in
-                        # ``holders`` after the commit.
+                        # careful path's (a stale free); blocks of SEVERAL holders, and a live
+                        # one another holder holds taken by a share: ``holders`` after commit.
                         for b in ids:
                             first = held_by[b]
                             if first == SEVERAL:
-                                counts = holders.get(b)
-                                if counts is None or h and not share and h not in counts:
+                                if (counts := holders.get(b)) is None or (
+                                        h and not share and h not in counts):
                                     ok = False
                                     break
                                 mixed = True

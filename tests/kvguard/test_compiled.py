@@ -519,6 +519,7 @@ def test_a_skip_that_drops_the_item_it_is_asked_about_does_not_crash(which):
     script = textwrap.dedent(SKIP_DROPS_THE_ITEM)
     environ = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    environ.pop("KVGUARD_PURE", None)  # the child picks its wrappers itself (argv[1])
     done = subprocess.run([sys.executable, "-c", script, which], env=environ, cwd=ROOT,
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])

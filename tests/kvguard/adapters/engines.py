@@ -85,10 +85,21 @@ class _OneModule:
 
 
 class Modules:
-    """The modules one loader put into ``sys.modules``: removed again by ``close()``."""
+    """The modules one loader put into ``sys.modules``: removed again by ``close()``, which also
+    puts back every attribute it set on a module that was there before (the installed engine's
+    own, when it is installed: a stand-in left on it would break the engine for later tests)."""
+
+    _ABSENT = object()
 
     def __init__(self) -> None:
         self.added: list[str] = []
+        self.replaced: list[tuple] = []  # (module, attribute, what it was), in order set
+        self.aside: list[tuple] = []  # (name, the module sys.modules had under it)
+
+    def _set(self, module, key, value) -> None:
+        if module.__name__ not in self.added:
+            self.replaced.append((module, key, vars(module).get(key, self._ABSENT)))
+        setattr(module, key, value)
 
     def package(self, dotted: str) -> types.ModuleType:
         """``dotted`` and its parents as empty packages (unless present)."""
@@ -112,7 +123,7 @@ class Modules:
             module.__path__ = []
             self._add(dotted, module)
         for key, value in attrs.items():
-            setattr(module, key, value)
+            self._set(module, key, value)
         return module
 
     def load(self, package: Path, inner: str, dotted: str) -> types.ModuleType:
@@ -123,6 +134,11 @@ class Modules:
         parent = dotted.rpartition(".")[0]
         if parent:
             self.package(parent)
+        if dotted in sys.modules:  # the installed engine's own: set aside while ours is loaded
+            self.aside.append((dotted, sys.modules.pop(dotted)))
+        if parent and parent not in self.added:  # the import binds ours on the parent too
+            above, child = sys.modules[parent], dotted.rpartition(".")[2]
+            self.replaced.append((above, child, vars(above).get(child, self._ABSENT)))
         finder = _OneModule(dotted, importlib.util.spec_from_file_location(dotted, path))
         sys.meta_path.append(finder)
         try:
@@ -141,10 +157,9 @@ class Modules:
                     if isinstance(n, ast.ClassDef) and n.name == name)
         # Keep the class at its own line numbers, so reports point into the real file.
         code = "\n" * (node.lineno - 1) + ast.get_source_segment(text, node)
-        module = self.stub(dotted, **namespace)
-        module.__file__ = str(path)
+        module = self.stub(dotted, __file__=str(path), **namespace)
         flags = __future__.annotations.compiler_flag  # the file's own future import
-        exec(compile(code, str(path), "exec", flags=flags, dont_inherit=True), module.__dict__)
+        self._exec(module, compile(code, str(path), "exec", flags=flags, dont_inherit=True))
         return getattr(module, name)
 
     def load_functions(self, package: Path, inner: str, dotted: str, names, **namespace):
@@ -152,27 +167,45 @@ class Modules:
         here) in a module ``dotted`` prefilled with ``namespace``, at their own line numbers."""
         path = source(package, inner)
         text = path.read_text()
-        module = self.stub(dotted, **namespace)
-        module.__file__ = str(path)
+        module = self.stub(dotted, __file__=str(path), **namespace)
         flags = __future__.annotations.compiler_flag
         for node in ast.parse(text).body:
             if isinstance(node, ast.FunctionDef) and node.name in names:
                 code = "\n" * (node.lineno - 1) + ast.get_source_segment(text, node)
-                exec(compile(code, str(path), "exec", flags=flags, dont_inherit=True),
-                     module.__dict__)
+                self._exec(module, compile(code, str(path), "exec", flags=flags,
+                                           dont_inherit=True))
         return module
+
+    def _exec(self, module, code) -> None:
+        """Run ``code`` in ``module``; what it defines on a module that was there before is
+        put back by ``close()``."""
+        before = dict(vars(module))
+        exec(code, vars(module))
+        if module.__name__ not in self.added:
+            self.replaced += [(module, key, before.get(key, self._ABSENT))
+                              for key, value in vars(module).items()
+                              if before.get(key, self._ABSENT) is not value]
 
     def _add(self, name, module) -> None:
         sys.modules[name] = module
         self.added.append(name)
         parent, _, child = name.rpartition(".")
         if parent and parent in sys.modules:
-            setattr(sys.modules[parent], child, module)
+            self._set(sys.modules[parent], child, module)
 
     def close(self) -> None:
+        for module, key, was in reversed(self.replaced):
+            if was is self._ABSENT:
+                vars(module).pop(key, None)
+            else:
+                setattr(module, key, was)
+        self.replaced.clear()
         for name in reversed(self.added):
             sys.modules.pop(name, None)
         self.added.clear()
+        for name, module in reversed(self.aside):
+            sys.modules[name] = module
+        self.aside.clear()
 
 
 @contextlib.contextmanager

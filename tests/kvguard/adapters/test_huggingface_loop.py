@@ -7,9 +7,9 @@ repair mode keeps every request's tokens what they are without the planted free;
 engine's own generation thread fails its test under ``--kvguard-leaks=fail``.
 
 This needs transformers itself, installed with its dependencies (tokenizers, safetensors,
-huggingface_hub, regex): the library does not import from the wheel alone, and the test extra
-does not install them, so CI skips these tests (the allocator-level tests in
-``test_huggingface_lifecycle.py`` run there, on the wheel's files).
+huggingface_hub, regex): the library does not import from the wheel alone. The test extra
+installs it (``transformers==5.24.0``); without it these tests skip, and the allocator-level
+tests in ``test_huggingface_lifecycle.py`` still run, on the wheel's files.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import kvguard
 
 pytest.importorskip("transformers", minversion="5.24", reason=(
     "the continuous-batching loop needs transformers>=5.24 installed with its dependencies "
-    "(`pip install transformers==5.24.0`); the test extra does not install it"))
+    "(`pip install transformers==5.24.0`, which the test extra installs)"))
 
 from . import hf_loop  # noqa: E402
 

@@ -60,6 +60,18 @@ is_column(PyObject *o, char code)
    column's present length, or a value the C type cannot hold, goes through the sequence
    protocol, which raises what ``column[b] = v`` raises in Python. */
 
+/* Outside the common case, ``col[b]`` read through the sequence protocol. */
+static int
+get_slow(PyObject *col, Py_ssize_t b, long long *out)
+{
+    PyObject *v = PySequence_GetItem(col, b);
+    if (v == NULL)
+        return -1;
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
 static int
 get_q(PyObject *col, Py_ssize_t b, long long *out)
 {
@@ -67,12 +79,7 @@ get_q(PyObject *col, Py_ssize_t b, long long *out)
         *out = ((int64_t *)ARR(col)->ob_item)[b];
         return 0;
     }
-    PyObject *v = PySequence_GetItem(col, b);
-    if (v == NULL)
-        return -1;
-    *out = PyLong_AsLongLong(v);
-    Py_DECREF(v);
-    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+    return get_slow(col, b, out);
 }
 
 static int
@@ -82,15 +89,9 @@ get_i(PyObject *col, Py_ssize_t b, long long *out)
         *out = ((int32_t *)ARR(col)->ob_item)[b];
         return 0;
     }
-    PyObject *v = PySequence_GetItem(col, b);
-    if (v == NULL)
-        return -1;
-    *out = PyLong_AsLongLong(v);
-    Py_DECREF(v);
-    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+    return get_slow(col, b, out);
 }
 
-/* obj: the value as a Python object when ``valid`` is 0 (NULL: make it from v). */
 static int
 get_u32(PyObject *col, Py_ssize_t b, long long *out)
 {
@@ -98,12 +99,7 @@ get_u32(PyObject *col, Py_ssize_t b, long long *out)
         *out = ((uint32_t *)ARR(col)->ob_item)[b];
         return 0;
     }
-    PyObject *v = PySequence_GetItem(col, b);
-    if (v == NULL)
-        return -1;
-    *out = PyLong_AsLongLong(v);
-    Py_DECREF(v);
-    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+    return get_slow(col, b, out);
 }
 
 /* obj: the value as a Python object when ``valid`` is 0 (NULL: make it from v). */

@@ -40,13 +40,12 @@ class HolderBooks:
         """After a fast path released ``ids`` for ``holder``: its reference to blocks of
         several holders is dropped, and a block now free forgets its holders (``holder`` held
         it last)."""
-        held_by, holders, stamp = self.holder, self.holders, self.stamp
+        held_by, stamp = self.holder, self.stamp
         for b in ids:
             if held_by[b] != SEVERAL:
                 continue
             if stamp[b] <= 0:
-                holders.pop(b, None)
-                held_by[b] = holder
+                self.forget_holders(b, holder)
             else:
                 self.drop_holders((b,), holder)
 

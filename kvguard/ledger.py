@@ -8,7 +8,7 @@ Four parallel ``array`` columns, 20 bytes per block (24 for refcounted pools):
 - ``origin`` (uint32): the interned allocation site together with the owner active then.
 - ``freed_at`` (uint32): the interned site of the last free.
 - ``holder`` (uint32): the interned holder (``kvguard.owners``) the block was handed to, 0 for
-  none, ``SEVERAL`` for a block several holders reference (in ``holders``); kept after the
+  none, ``holderbooks.SEVERAL`` for a block several holders reference (in ``holders``); kept after the
   block is freed (who held it last).
 - ``ref`` (int32, refcounted pools only): references held.
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass
 
-from .holderbooks import SEVERAL, HolderBooks
+from .holderbooks import HolderBooks
 from .owners import ACTIVE_HOLDER, OWNERS
 from .stacks import SITES
 from .violation import BlockHistory
@@ -189,16 +189,10 @@ class Ledger(HolderBooks):
                 held_by[b] = holder
                 if holders:
                     holders.pop(b, None)
-            elif holder and ref is not None:
-                first = held_by[b]
-                if first == SEVERAL:
-                    counts = holders.setdefault(b, {})
-                    counts[holder] = counts.get(holder, 0) + 1
-                elif first and first != holder:
-                    holders[b] = {first: max(ref[b], 1), holder: 1}
-                    held_by[b] = SEVERAL
             if ref is not None:
                 ref[b] += 1
+        if holder and ref is not None:
+            self.shared_by(ids, holder)
 
     def adopt(self, ids, clock: int) -> None:
         """Mark ids as live without a known allocation (seeded or learned on attach)."""
